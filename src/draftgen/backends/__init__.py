@@ -1,0 +1,22 @@
+"""Backends know wire protocols, never model formats. One class per protocol."""
+
+from __future__ import annotations
+
+from draftgen.backends.base import Backend, Capabilities
+from draftgen.backends.openai_chat import OpenAIChatBackend
+from draftgen.backends.sglang import SGLangBackend
+from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
+
+_BY_TYPE: dict[str, type[Backend]] = {
+    "openai": OpenAIChatBackend,
+    "openrouter": OpenAIChatBackend,
+    "vllm": OpenAIChatBackend,
+    "sglang": SGLangBackend,
+}
+
+
+def make_backend(cfg: BackendConfig, model: ModelConfig, sampling: SamplingConfig) -> Backend:
+    return _BY_TYPE[cfg.type](cfg, model, sampling)
+
+
+__all__ = ["Backend", "Capabilities", "make_backend"]

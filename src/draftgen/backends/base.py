@@ -1,0 +1,228 @@
+"""The backend interface and what every HTTP backend shares: the session, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
+from draftgen.types import BackendError, Prompt, RawAnswer, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    native_ids: bool
+    """The backend reports the sampled token IDs."""
+    needs_prompt_ids: bool
+    """The backend takes the prompt as token IDs rendered by draftgen's format."""
+    reports_cost: bool
+
+
+class Backend(ABC):
+    """One endpoint. `send` returns a RawAnswer or raises BackendError."""
+
+    capabilities: Capabilities
+
+    def __init__(self, cfg: BackendConfig, model: ModelConfig, sampling: SamplingConfig) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.model = model
+        self.sampling = sampling
+        self._api_key = cfg.api_key()
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        # One pool sized for the backend's concurrency: aiohttp's default of 100 connections
+        # would silently cap a 2,000-request run.
+        connector = aiohttp.TCPConnector(
+            limit=self.cfg.concurrency + 16,
+            limit_per_host=0,
+            ttl_dns_cache=300,
+            keepalive_timeout=60,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers=self._headers(),
+            timeout=aiohttp.ClientTimeout(
+                total=self.cfg.timeout_s, connect=self.cfg.connect_timeout_s
+            ),
+            json_serialize=lambda obj: orjson.dumps(obj).decode(),
+            raise_for_status=False,
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"User-Agent": "draftgen", **self.cfg.headers}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError(f"backend {self.name!r} used before start()")
+        return self._session
+
+    @abstractmethod
+    async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
+        """Send one prompt. `input_ids` is the prompt rendered by the run's model format."""
+
+    async def post_json(self, url: str, body: Mapping[str, Any]) -> tuple[Any, Mapping[str, str]]:
+        """POST a JSON body, return the parsed JSON answer and its headers; map every failure
+        (HTTP status, error body, transport) to BackendError."""
+        try:
+            async with self.session.post(url, data=orjson.dumps(body),
+                                         headers={"Content-Type": "application/json"}) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise error_from_http(resp.status, raw, resp.headers)
+                data = parse_json_body(raw)
+                return data, resp.headers
+        except BackendError:
+            raise
+        except Exception as e:
+            raise transport_error(e) from None
+
+
+def transport_error(e: BaseException) -> BackendError:
+    """Connection resets, timeouts and broken payloads: all retryable."""
+    if isinstance(e, asyncio.TimeoutError | TimeoutError):
+        return BackendError("timeout", "request timed out", retryable=True)
+    if isinstance(e, aiohttp.ClientPayloadError):
+        return BackendError("connection", f"answer cut off: {type(e).__name__}", retryable=True)
+    if isinstance(e, aiohttp.ClientError | ConnectionError | OSError):
+        return BackendError("connection", f"{type(e).__name__}: {e}", retryable=True)
+    return BackendError("client_error", f"{type(e).__name__}: {e}", retryable=False)
+
+
+def parse_json_body(raw: bytes) -> Any:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        snippet = raw[:200].decode("utf-8", "replace")
+        raise BackendError("bad_response", f"answer is not JSON: {snippet!r}",
+                           retryable=True) from None
+    if isinstance(data, dict) and data.get("error"):
+        raise error_from_body(data, status=None)
+    return data
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+# status -> (kind, retryable, permanent_for_backend)
+_STATUS_KINDS: dict[int, tuple[str, bool, bool]] = {
+    400: ("bad_request", False, False),
+    401: ("auth", False, True),
+    402: ("payment", False, True),
+    403: ("moderation", False, False),
+    404: ("not_found", False, True),
+    408: ("timeout", True, False),
+    413: ("too_large", False, False),
+    422: ("bad_request", False, False),
+    429: ("rate_limited", True, False),
+    500: ("server_error", True, False),
+    502: ("provider_error", True, False),
+    503: ("unavailable", True, False),
+    504: ("timeout", True, False),
+}
+
+
+def classify(status: int | None, metadata: Mapping[str, Any] | None) -> tuple[str, bool, bool]:
+    if status == 402 and (metadata or {}).get("reason") == "in_flight_budget_exhausted":
+        # OpenRouter's prepaid in-flight budget: expected at high concurrency, a back-off.
+        return "in_flight_budget", True, False
+    if status is None:
+        return "provider_error", True, False
+    if status in _STATUS_KINDS:
+        return _STATUS_KINDS[status]
+    if status >= 500:
+        return "server_error", True, False
+    return "http_error", False, False
+
+
+def _error_usage(body: Mapping[str, Any]) -> Usage | None:
+    usage = body.get("usage")
+    return parse_usage(usage) if isinstance(usage, dict) else None
+
+
+def error_from_body(body: Mapping[str, Any], status: int | None,
+                    headers: Mapping[str, str] | None = None) -> BackendError:
+    """OpenRouter / OpenAI error body: {"error": {"code", "message", "metadata"}}."""
+    err = body.get("error")
+    if isinstance(err, str):
+        err = {"message": err}
+    if not isinstance(err, dict):
+        err = {}
+    code = err.get("code")
+    effective = status if status and status != 200 else (code if isinstance(code, int) else None)
+    metadata = err.get("metadata") if isinstance(err.get("metadata"), dict) else None
+    kind, retryable, permanent = classify(effective, metadata)
+    message = str(err.get("message") or "error without message")[:500]
+    if metadata and metadata.get("provider_name"):
+        message += f" (provider {metadata['provider_name']})"
+    if metadata and metadata.get("reason"):
+        message += f" [{metadata['reason']}]"
+    return BackendError(
+        kind, message, retryable=retryable, status=effective,
+        retry_after=parse_retry_after((headers or {}).get("Retry-After")),
+        usage=_error_usage(body), permanent_for_backend=permanent,
+    )
+
+
+def error_from_http(status: int, raw: bytes, headers: Mapping[str, str]) -> BackendError:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    if isinstance(body, dict) and "error" in body:
+        return error_from_body(body, status, headers)
+    kind, retryable, permanent = classify(status, None)
+    snippet = raw[:200].decode("utf-8", "replace").strip()
+    return BackendError(
+        kind, snippet or f"HTTP {status}", retryable=retryable, status=status,
+        retry_after=parse_retry_after(headers.get("Retry-After")),
+        permanent_for_backend=permanent,
+    )
+
+
+def parse_usage(usage: Mapping[str, Any] | None) -> Usage:
+    if not usage:
+        return Usage()
+    details = usage.get("completion_tokens_details") or {}
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    cost = usage.get("cost")
+    return Usage(
+        prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
+        completion_tokens=_int_or_none(usage.get("completion_tokens")),
+        reasoning_tokens=_int_or_none(details.get("reasoning_tokens")),
+        cached_tokens=_int_or_none(prompt_details.get("cached_tokens")),
+        cost=float(cost) if isinstance(cost, int | float) else None,
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,246 @@
+"""OpenAI-compatible chat completions: the `openai`, `openrouter` and `vllm` flavours.
+
+JSON and SSE answers; reasoning read from `reasoning`, `reasoning_content` or
+`reasoning_details`; errors inside a 200 body or an SSE event are errors, not answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from draftgen.backends.base import (
+    Backend,
+    Capabilities,
+    error_from_body,
+    error_from_http,
+    parse_usage,
+    transport_error,
+)
+from draftgen.types import BackendError, LogprobToken, Prompt, RawAnswer
+
+_DEFAULT_OPENROUTER_REASONING = {"enabled": True}
+
+
+def chat_url(base: str) -> str:
+    """`base` is an OpenAI base URL; "/v1" is added when the user gave the server root."""
+    if not base.rstrip("/").endswith("/v1"):
+        base = base.rstrip("/") + "/v1"
+    return base + "/chat/completions"
+
+
+class OpenAIChatBackend(Backend):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        flavour = self.cfg.type
+        self.capabilities = Capabilities(
+            native_ids=flavour == "vllm", needs_prompt_ids=False,
+            reports_cost=flavour == "openrouter",
+        )
+        self.url = chat_url(self.cfg.url)
+
+    def build_body(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+        s = self.sampling
+        body: dict[str, Any] = {
+            "model": self.model.name,
+            "messages": prompt.messages,
+            "max_tokens": max_tokens,
+        }
+        for key in ("temperature", "top_p", "top_k", "seed"):
+            value = getattr(s, key)
+            if value is not None:
+                body[key] = value
+        if prompt.tools:
+            body["tools"] = prompt.tools
+        if self.cfg.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        if self.cfg.type == "openrouter":
+            body["usage"] = {"include": True}
+            body["reasoning"] = self.cfg.reasoning or _DEFAULT_OPENROUTER_REASONING
+            if self.cfg.provider:
+                body["provider"] = self.cfg.provider
+        elif self.cfg.reasoning:
+            body["reasoning"] = self.cfg.reasoning
+        if self.cfg.type == "vllm":
+            body["return_token_ids"] = True
+        body.update(s.extra)
+        body.update(self.cfg.extra_body)
+        return body
+
+    async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
+        body = self.build_body(prompt, max_tokens)
+        if not self.cfg.stream:
+            data, headers = await self.post_json(self.url, body)
+            return answer_from_json(data, headers)
+        try:
+            async with self.session.post(self.url, data=orjson.dumps(body),
+                                         headers={"Content-Type": "application/json"}) as resp:
+                if resp.status != 200:
+                    raise error_from_http(resp.status, await resp.read(), resp.headers)
+                acc = StreamAccumulator(request_id=resp.headers.get("X-Generation-Id"))
+                async for line in resp.content:
+                    if acc.feed_line(line):
+                        break
+                return acc.finish()
+        except BackendError:
+            raise
+        except Exception as e:
+            raise transport_error(e) from None
+
+
+def _reasoning_of(message: Mapping[str, Any]) -> str | None:
+    for key in ("reasoning", "reasoning_content"):
+        value = message.get(key)
+        if isinstance(value, str):
+            return value
+    details = message.get("reasoning_details")
+    if isinstance(details, list):
+        texts = [d.get("text") for d in details
+                 if isinstance(d, dict) and isinstance(d.get("text"), str)]
+        if texts:
+            return "".join(texts)
+    return None
+
+
+def _logprobs_of(choice: Mapping[str, Any]) -> list[LogprobToken] | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
+        return None
+    return [
+        LogprobToken(token=e.get("token", ""), bytes=e.get("bytes"), id=e.get("id"),
+                     logprob=e.get("logprob"))
+        for e in lp["content"] if isinstance(e, dict)
+    ]
+
+
+def _check_finish(finish_reason: Any, choice: Mapping[str, Any]) -> None:
+    if finish_reason == "error":
+        err = choice.get("error") if isinstance(choice.get("error"), dict) else {}
+        raise error_from_body({"error": err or {"message": "finish_reason error"}}, None)
+
+
+def answer_from_json(data: Any, headers: Mapping[str, str]) -> RawAnswer:
+    if not isinstance(data, dict):
+        raise BackendError("bad_response", "answer is not a JSON object", retryable=True)
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise BackendError("bad_response", "answer has no choices", retryable=True)
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    finish_reason = choice.get("finish_reason")
+    _check_finish(finish_reason, choice)
+    answer = RawAnswer(
+        reasoning=_reasoning_of(message),
+        content=message.get("content") if isinstance(message.get("content"), str) else None,
+        tool_calls=message.get("tool_calls") or None,
+        finish_reason=finish_reason,
+        usage=parse_usage(data.get("usage")),
+        provider=data.get("provider"),
+        model=data.get("model"),
+        request_id=headers.get("X-Generation-Id") or data.get("id"),
+        output_ids=choice.get("token_ids"),
+        prompt_ids=data.get("prompt_token_ids"),
+        logprobs=_logprobs_of(choice),
+    )
+    check_not_empty(answer)
+    return answer
+
+
+def check_not_empty(answer: RawAnswer) -> None:
+    if not (answer.reasoning or answer.content or answer.tool_calls or answer.output_ids):
+        raise BackendError("empty_answer", "answer has no reasoning, content or tool calls",
+                           retryable=True, usage=answer.usage)
+
+
+@dataclass
+class StreamAccumulator:
+    """Reassembles an SSE chat stream into one RawAnswer."""
+
+    request_id: str | None = None
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[LogprobToken] = field(default_factory=list)
+    finish_reason: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+
+    def feed_line(self, line: bytes) -> bool:
+        """Take one SSE line; True once `[DONE]` arrived."""
+        line = line.strip()
+        if not line or line.startswith(b":") or not line.startswith(b"data:"):
+            return False  # blank separators, comments (": OPENROUTER PROCESSING"), event names
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise BackendError("bad_response", "stream chunk is not JSON", retryable=True) from None
+        self._take_chunk(chunk)
+        return False
+
+    def _take_chunk(self, chunk: Any) -> None:
+        if not isinstance(chunk, dict):
+            raise BackendError("bad_response", "stream chunk is not an object", retryable=True)
+        if chunk.get("error"):
+            raise error_from_body(chunk, None)
+        for key in ("id", "model", "provider", "usage"):
+            if chunk.get(key) is not None:
+                self.data[key] = chunk[key]
+        for choice in chunk.get("choices") or []:
+            self._take_choice(choice)
+
+    def _take_choice(self, choice: Mapping[str, Any]) -> None:
+        delta = choice.get("delta") or {}
+        reasoning = _reasoning_of(delta)
+        if reasoning:
+            self.reasoning.append(reasoning)
+        if isinstance(delta.get("content"), str):
+            self.content.append(delta["content"])
+        for call in delta.get("tool_calls") or []:
+            self._merge_tool_call(call)
+        if isinstance(choice.get("token_ids"), list):
+            self.token_ids.extend(choice["token_ids"])
+        self.logprobs.extend(_logprobs_of(choice) or [])
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+            _check_finish(self.finish_reason, choice)
+
+    def _merge_tool_call(self, call: Mapping[str, Any]) -> None:
+        slot = self.tool_calls.setdefault(
+            int(call.get("index", len(self.tool_calls))),
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if call.get("id"):
+            slot["id"] = call["id"]
+        fn = call.get("function") or {}
+        if fn.get("name"):
+            slot["function"]["name"] += fn["name"]
+        if fn.get("arguments"):
+            slot["function"]["arguments"] += fn["arguments"]
+
+    def finish(self) -> RawAnswer:
+        if not self.done or self.finish_reason is None:
+            raise BackendError("incomplete_stream", "stream ended before [DONE]",
+                               retryable=True, usage=parse_usage(self.data.get("usage")))
+        answer = RawAnswer(
+            reasoning="".join(self.reasoning) if self.reasoning else None,
+            content="".join(self.content) if self.content else None,
+            tool_calls=[self.tool_calls[i] for i in sorted(self.tool_calls)] or None,
+            finish_reason=self.finish_reason,
+            usage=parse_usage(self.data.get("usage")),
+            provider=self.data.get("provider"),
+            model=self.data.get("model"),
+            request_id=self.request_id or self.data.get("id"),
+            output_ids=self.token_ids or None,
+            logprobs=self.logprobs or None,
+        )
+        check_not_empty(answer)
+        return answer

@@ -1,0 +1,170 @@
+"""run.yaml, validated. Secrets never live here: a backend names the env var that holds its key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+BackendType = Literal["openai", "openrouter", "vllm", "sglang"]
+REDACTED = "***"
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    name: str
+    """Sent as "model" to OpenAI-compatible backends."""
+    format: str
+    """Model family: a key of the formats registry (qwen3, qwen3-thinking, ...)."""
+    tokenizer: str
+    """A tokenizer.json file or a folder holding one (HF tokenizer folder)."""
+
+
+class SamplingConfig(_Strict):
+    temperature: float | None = 0.6
+    top_p: float | None = 0.95
+    top_k: int | None = None
+    max_tokens: int = Field(4096, gt=0)
+    seed: int | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Extra fields merged into every request body (OpenAI) or sampling_params (SGLang)."""
+
+
+class BackendConfig(_Strict):
+    name: str
+    type: BackendType
+    url: str
+    api_key_env: str | None = None
+    concurrency: int = Field(64, gt=0)
+    priority: int = 0
+    """Lower runs first: a backend gets work only when every backend of a lower priority is
+    saturated."""
+    provider: dict[str, Any] | None = None
+    """OpenRouter provider routing object, passed through unchanged."""
+    reasoning: dict[str, Any] | None = None
+    """OpenRouter `reasoning` request object; default {"enabled": true} on openrouter."""
+    stream: bool = False
+    timeout_s: float = Field(600.0, gt=0)
+    connect_timeout_s: float = Field(30.0, gt=0)
+    max_retries: int = Field(6, ge=0)
+    """Retries of one request within one run, on retryable errors."""
+    backoff_base_s: float = Field(1.0, gt=0)
+    backoff_max_s: float = Field(60.0, gt=0)
+    headers: dict[str, str] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _url_has_scheme(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {url!r}")
+        return url.rstrip("/")
+
+    def api_key(self) -> str | None:
+        """The key from the environment; a named but unset variable is an error."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"backend {self.name!r}: environment variable {self.api_key_env} "
+                "(api_key_env) is not set"
+            )
+        return key
+
+
+class DatasetConfig(_Strict):
+    name: str
+    path: str
+    """A local .jsonl/.json/.parquet file, a HF save_to_disk folder, or a hub dataset name."""
+    limit: int | None = Field(None, gt=0)
+    split: str = "train"
+    subset: str | None = None
+    """Hub config name, when `path` is a hub dataset."""
+    turns: Literal["first", "last"] = "first"
+    """Which assistant turn to regenerate: "first" (the prompt is the conversation up to the
+    first assistant turn) or "last" (up to the last one, earlier turns kept as history)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, name: str) -> str:
+        if not name or "/" in name or name.startswith(".") or "\\" in name:
+            raise ValueError(f"must be a plain folder name, got {name!r}")
+        return name
+
+
+class RunConfig(_Strict):
+    output_dir: str
+    model: ModelConfig
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    backends: list[BackendConfig]
+    datasets: list[DatasetConfig]
+    max_attempts: int = Field(3, gt=0)
+    """A prompt whose requests failed this many times (across runs) is not retried on resume."""
+    fsync_interval_s: float = Field(1.0, ge=0)
+    """How often the output files are fsync'ed (0: after every record). Every record is
+    written to the OS as it arrives whatever this says; fsync protects against a power loss."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> RunConfig:
+        for what, names in (
+            ("backends", [b.name for b in self.backends]),
+            ("datasets", [d.name for d in self.datasets]),
+        ):
+            seen = {n for n in names if names.count(n) > 1}
+            if seen:
+                raise ValueError(f"{what}: duplicate names {sorted(seen)}")
+        if not self.backends:
+            raise ValueError("backends: at least one backend is needed")
+        if not self.datasets:
+            raise ValueError("datasets: at least one dataset is needed")
+        return self
+
+    def redacted(self) -> dict[str, Any]:
+        """The config as stored in run.json: header values and anything key-like removed."""
+        data = self.model_dump(mode="json")
+        for backend in data["backends"]:
+            backend["headers"] = {k: REDACTED for k in backend["headers"]}
+        return data
+
+
+def _format_validation_error(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid config"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (typo?)"
+        lines.append(f"  {where}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate run.yaml. Errors name the file and the key."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read config: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(path, e)) from None

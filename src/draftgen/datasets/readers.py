@@ -1,0 +1,354 @@
+"""File formats → a stream of rows, each tagged with where it came from.
+
+`open_rows` works out what `path` is (a file, a folder, a hub name) eagerly, so a missing path
+or an unknown format fails at once with a `DatasetError`; the rows themselves are read lazily,
+one at a time. A row that cannot be parsed comes out as a `BadRow`, never as an exception.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from draftgen.datasets.errors import BadRow, DatasetError, clip, type_name
+
+MAX_LINE_BYTES = 512 * 1024 * 1024
+"""A JSONL line longer than this is skipped (reported as a bad row) without being held whole."""
+
+ARROW_ROWS_PER_CHUNK = 64
+"""Rows turned into Python objects at a time from an Arrow/Parquet record batch."""
+
+PARQUET_BATCH_ROWS = 1024
+
+JSON_ROW_LIST_KEYS = ("data", "rows", "train")
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
+FOLDER_DATA_SUFFIXES = (*JSONL_SUFFIXES, ".parquet")
+HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+UTF8_BOM = b"\xef\xbb\xbf"
+_SKIP_CHUNK_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Row:
+    """One parsed row (not yet checked to be an object) and where it came from."""
+
+    source: str
+    data: Any
+
+
+RowStream = Generator["Row | BadRow", None, None]
+
+
+def open_rows(path: str, split: str = "train", subset: str | None = None) -> RowStream:
+    """The rows of a local file or folder, or of a hub dataset when `path` is `org/name` and no
+    such local path exists."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return _open_folder(local, split)
+    if local.is_file():
+        return _open_file(local)
+    if not local.exists() and HUB_NAME.match(path):
+        return _open_hub(path, split, subset)
+    raise DatasetError(f"{path}: no such file or folder")
+
+
+# ---------------------------------------------------------------------------------------------
+# Single files
+
+
+def _open_file(path: Path) -> RowStream:
+    name = path.name.lower()
+    if name.endswith(JSONL_SUFFIXES):
+        return _jsonl_rows(path)
+    if name.endswith(".json"):
+        return _json_rows(path)
+    if name.endswith(".parquet"):
+        return _parquet_rows(path)
+    if name.endswith(".arrow"):
+        return _arrow_rows([path])
+    raise DatasetError(
+        f"{path}: unknown dataset format (expected .jsonl, .jsonl.gz, .json, .parquet, .arrow, "
+        "a save_to_disk folder or a folder of .jsonl/.parquet files)"
+    )
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    try:
+        if path.name.lower().endswith(".gz"):
+            return cast(IO[bytes], gzip.open(path, "rb"))
+        return path.open("rb")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot open: {e}") from None
+
+
+def _jsonl_rows(path: Path) -> RowStream:
+    with _open_binary(path) as stream:
+        try:
+            yield from _parse_jsonl_lines(str(path), stream)
+        except (OSError, EOFError) as e:
+            raise DatasetError(f"{path}: cannot read: {e}") from None
+
+
+def _parse_jsonl_lines(where: str, stream: IO[bytes]) -> RowStream:
+    line_number = 0
+    while True:
+        line = stream.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        line_number += 1
+        source = f"{where}:{line_number}"
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            _skip_rest_of_line(stream)
+            yield BadRow(source, f"line longer than {MAX_LINE_BYTES} bytes, skipped")
+            continue
+        if line_number == 1 and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM) :]
+        if not line.strip():
+            continue
+        yield _parse_json_line(source, line)
+
+
+def _skip_rest_of_line(stream: IO[bytes]) -> None:
+    while True:
+        chunk = stream.readline(_SKIP_CHUNK_BYTES)
+        if not chunk or chunk.endswith(b"\n"):
+            return
+
+
+def _parse_json_line(source: str, line: bytes) -> Row | BadRow:
+    try:
+        return Row(source, orjson.loads(line))
+    except orjson.JSONDecodeError as e:
+        return BadRow(source, _json_error_reason(line, e))
+
+
+def _json_error_reason(data: bytes, error: orjson.JSONDecodeError) -> str:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as u:
+        bad_bytes = data[u.start : min(u.end, u.start + 8)]
+        return f"not UTF-8 at byte {u.start} of the line ({bad_bytes!r})"
+    return f"not valid JSON: {clip(str(error))}"
+
+
+def _json_rows(path: Path) -> RowStream:
+    """A .json file: a list of rows, or an object holding one under "data"/"rows"/"train".
+    A single JSON document cannot be streamed, so the file is read whole; a .json file that
+    holds JSON lines is read as JSONL."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read: {e}") from None
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        if _looks_like_json_lines(data):
+            del data
+            yield from _jsonl_rows(path)
+            return
+        raise DatasetError(f"{path}: {_json_error_reason(data, e)}") from None
+    del data
+    rows = _row_list_of(path, document)
+    for index, row in enumerate(rows):
+        yield Row(f"{path}[row {index}]", row)
+
+
+def _looks_like_json_lines(data: bytes) -> bool:
+    first_line = data.lstrip(UTF8_BOM + b" \t\r\n").split(b"\n", 1)[0]
+    try:
+        return isinstance(orjson.loads(first_line), dict)
+    except orjson.JSONDecodeError:
+        return False
+
+
+def _row_list_of(path: Path, document: Any) -> list[Any]:
+    if isinstance(document, list):
+        return document
+    if isinstance(document, dict):
+        for key in JSON_ROW_LIST_KEYS:
+            rows = document.get(key)
+            if isinstance(rows, list):
+                return rows
+    raise DatasetError(
+        f"{path}: expected a JSON list of rows or an object with a list under "
+        f"{', '.join(repr(k) for k in JSON_ROW_LIST_KEYS)}; got {type_name(document)}"
+        + (f" with keys {sorted(document)[:20]}" if isinstance(document, dict) else "")
+    )
+
+
+def _parquet_rows(path: Path) -> RowStream:
+    try:
+        parquet = pq.ParquetFile(path)
+        batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+        yield from _rows_of_batches(str(path), batches)
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: cannot read Parquet: {e}") from None
+
+
+def _arrow_rows(files: list[Path]) -> RowStream:
+    """Arrow IPC files as `datasets.save_to_disk` writes them (stream format; the random-access
+    file format is read too). Memory-mapped, so only the rows being converted are resident."""
+    for path in files:
+        try:
+            with pa.memory_map(str(path)) as mapped:
+                yield from _rows_of_batches(str(path), _arrow_batches(mapped))
+        except (OSError, pa.ArrowException) as e:
+            raise DatasetError(f"{path}: cannot read Arrow data: {e}") from None
+
+
+def _arrow_batches(mapped: pa.MemoryMappedFile) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from pa.ipc.open_stream(mapped)
+        return
+    except pa.ArrowInvalid:
+        mapped.seek(0)
+    reader = pa.ipc.open_file(mapped)
+    for index in range(reader.num_record_batches):
+        yield reader.get_batch(index)
+
+
+def _rows_of_batches(where: str, batches: Iterable[pa.RecordBatch]) -> RowStream:
+    index = 0
+    for batch in batches:
+        for start in range(0, batch.num_rows, ARROW_ROWS_PER_CHUNK):
+            for row in batch.slice(start, ARROW_ROWS_PER_CHUNK).to_pylist():
+                yield Row(f"{where}[row {index}]", row)
+                index += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Folders
+
+
+def _open_folder(folder: Path, split: str) -> RowStream:
+    if (folder / "dataset_dict.json").is_file():
+        return _open_folder(_split_folder(folder, split), split)
+    if _is_save_to_disk_folder(folder):
+        return _arrow_rows(_save_to_disk_files(folder))
+    return _files_rows(_data_files(folder, split))
+
+
+def _is_save_to_disk_folder(folder: Path) -> bool:
+    if (folder / "state.json").is_file():
+        return True
+    return (folder / "dataset_info.json").is_file() and any(folder.glob("*.arrow"))
+
+
+def _split_folder(folder: Path, split: str) -> Path:
+    """The split's subfolder of a `DatasetDict.save_to_disk` folder."""
+    info_path = folder / "dataset_dict.json"
+    splits = _read_json_object(info_path).get("splits")
+    if not isinstance(splits, list):
+        splits = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    if split not in splits or not (folder / split).is_dir():
+        raise DatasetError(f"{folder}: no split {split!r} in this DatasetDict (splits: {splits})")
+    return folder / split
+
+
+def _save_to_disk_files(folder: Path) -> list[Path]:
+    state_path = folder / "state.json"
+    if state_path.is_file():
+        entries = _read_json_object(state_path).get("_data_files")
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("filename"), str) for e in entries
+        ):
+            raise DatasetError(f"{state_path}: '_data_files' must be a list of {{'filename': ...}}")
+        files = [folder / e["filename"] for e in entries]
+    else:
+        files = sorted(folder.glob("*.arrow"))
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise DatasetError(f"{folder}: data files listed in state.json are missing: {missing}")
+    if not files:
+        raise DatasetError(f"{folder}: no .arrow data files in this save_to_disk folder")
+    return files
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as e:
+        raise DatasetError(f"{path}: cannot read: {e}") from None
+    if not isinstance(value, dict):
+        raise DatasetError(f"{path}: expected a JSON object, got {type_name(value)}")
+    return value
+
+
+def _data_files(folder: Path, split: str) -> list[Path]:
+    """The .jsonl/.parquet files under `folder` (hidden folders skipped), in path order. When
+    some of them are marked as `split` (a folder named so, or a name starting `split-`/`split_`/
+    `split.`), only those are used, so a hub clone's test files stay out of the train split."""
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and p.name.lower().endswith(FOLDER_DATA_SUFFIXES)
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+    if not files:
+        raise DatasetError(
+            f"{folder}: no data files (.jsonl, .jsonl.gz, .parquet) and not a save_to_disk folder"
+        )
+    in_split = [p for p in files if _marked_as_split(p.relative_to(folder), split)]
+    return in_split or files
+
+
+def _marked_as_split(relative: Path, split: str) -> bool:
+    if split in relative.parts[:-1]:
+        return True
+    return any(relative.name.startswith(split + sep) for sep in "-_.")
+
+
+def _files_rows(files: list[Path]) -> RowStream:
+    for path in files:
+        yield from _open_file(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face hub
+
+
+def _open_hub(name: str, split: str, subset: str | None) -> RowStream:
+    load_dataset = _hub_loader(name)
+    try:
+        dataset = load_dataset(name, subset, split=split, streaming=True)
+    except Exception as e:  # the hub raises many kinds: connection, HTTP, missing config...
+        raise DatasetError(
+            f"{name}: not a local file or folder, and loading it from the Hugging Face hub "
+            f"failed (is the hub reachable and the name, subset and split right?): "
+            f"{type(e).__name__}: {clip(str(e), 500)}"
+        ) from e
+    return _hub_rows(name, dataset)
+
+
+def _hub_loader(name: str) -> Callable[..., Iterable[Any]]:
+    try:
+        import datasets  # optional and heavy: imported only for hub names
+    except ImportError:
+        raise DatasetError(
+            f"{name}: not a local file or folder, and reading it from the Hugging Face hub needs "
+            "the 'datasets' package, which is not installed (pip install 'draftgen[hub]')"
+        ) from None
+    load_dataset: Callable[..., Iterable[Any]] = datasets.load_dataset
+    return load_dataset
+
+
+def _hub_rows(name: str, dataset: Iterable[Any]) -> RowStream:
+    index = 0
+    try:
+        for row in dataset:
+            yield Row(f"{name}[row {index}]", row)
+            index += 1
+    except Exception as e:
+        raise DatasetError(
+            f"{name}: reading from the Hugging Face hub failed after {index} rows: "
+            f"{type(e).__name__}: {clip(str(e), 500)}"
+        ) from e

@@ -1,0 +1,132 @@
+"""Live counters of a run, and their display: a rich live table on a terminal, plain periodic
+log lines otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+log = logging.getLogger("draftgen")
+
+
+@dataclass
+class DatasetCounters:
+    total: int = 0
+    done_before: int = 0
+    """Answers already on disk when this session started."""
+    exhausted: int = 0
+    """Prompts not retried: they failed `max_attempts` times in earlier sessions."""
+    done: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float = 0.0
+    truncated: int = 0
+    not_exact: int = 0
+    failure_kinds: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def pending(self) -> int:
+        return self.total - self.done_before - self.exhausted - self.done - self.failed
+
+
+@dataclass
+class RunCounters:
+    datasets: dict[str, DatasetCounters] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    status: str = "running"
+    _window: deque[tuple[float, int, int, float]] = field(default_factory=lambda: deque(maxlen=120))
+
+    def total(self) -> DatasetCounters:
+        t = DatasetCounters()
+        for d in self.datasets.values():
+            for name in ("total", "done_before", "exhausted", "done", "failed", "in_flight",
+                         "output_tokens", "reasoning_tokens", "truncated", "not_exact"):
+                setattr(t, name, getattr(t, name) + getattr(d, name))
+            t.cost += d.cost
+            t.failure_kinds.update(d.failure_kinds)
+        return t
+
+    def sample(self) -> tuple[float, float, float]:
+        """Answers/s, output tokens/s and $/min over the last minute or so."""
+        t = self.total()
+        now = time.monotonic()
+        self._window.append((now, t.done, t.output_tokens, t.cost))
+        while len(self._window) > 2 and now - self._window[0][0] > 60:
+            self._window.popleft()
+        t0, done0, tok0, cost0 = self._window[0]
+        span = max(now - t0, 1e-9)
+        if span < 0.5:
+            span = max(now - self.started, 1e-9)
+            done0, tok0, cost0 = 0, 0, 0.0
+        answers_s = (t.done - done0) / span
+        tokens_s = (t.output_tokens - tok0) / span
+        return answers_s, tokens_s, (t.cost - cost0) / span * 60
+
+
+def _fmt_int(n: int) -> str:
+    return f"{n:,}"
+
+
+def render_table(counters: RunCounters) -> Group:
+    table = Table(expand=False, header_style="bold")
+    for col in ("dataset", "done / total", "failed", "pending", "in flight", "out tokens", "$"):
+        table.add_column(col, justify="left" if col == "dataset" else "right")
+    for name, d in counters.datasets.items():
+        table.add_row(name, f"{_fmt_int(d.done_before + d.done)} / {_fmt_int(d.total)}",
+                      _fmt_int(d.failed + d.exhausted), _fmt_int(d.pending),
+                      _fmt_int(d.in_flight), _fmt_int(d.output_tokens), f"{d.cost:.4f}")
+    answers_s, tokens_s, usd_min = counters.sample()
+    t = counters.total()
+    footer = Text(
+        f"{counters.status} · in flight {t.in_flight:,} · {answers_s:.1f} answers/s · "
+        f"{tokens_s:,.0f} tokens/s · ${t.cost:.4f} spent · ${usd_min:.4f}/min · "
+        f"{time.monotonic() - counters.started:.0f}s"
+    )
+    return Group(table, footer)
+
+
+def progress_line(counters: RunCounters) -> str:
+    t = counters.total()
+    answers_s, tokens_s, usd_min = counters.sample()
+    return (
+        f"{counters.status}: done {t.done_before + t.done:,}/{t.total:,} "
+        f"(+{t.done:,} now) failed {t.failed:,} pending {t.pending:,} in flight {t.in_flight:,} "
+        f"| {answers_s:.1f} answers/s {tokens_s:,.0f} tokens/s | ${t.cost:.4f} ${usd_min:.4f}/min"
+    )
+
+
+class ProgressDisplay:
+    """Refreshes until cancelled. `live` forces the rich display on or off."""
+
+    def __init__(self, counters: RunCounters, live: bool | None = None,
+                 log_interval_s: float = 10.0) -> None:
+        self.counters = counters
+        self.live = sys.stdout.isatty() if live is None else live
+        self.log_interval_s = log_interval_s
+        self.console = Console()
+
+    async def run(self) -> None:
+        if self.live:
+            with Live(render_table(self.counters), console=self.console,
+                      refresh_per_second=4, transient=False) as live:
+                try:
+                    while True:
+                        await asyncio.sleep(0.5)
+                        live.update(render_table(self.counters))
+                finally:
+                    live.update(render_table(self.counters))
+        else:
+            while True:
+                await asyncio.sleep(self.log_interval_s)
+                log.info(progress_line(self.counters))

@@ -1,0 +1,70 @@
+"""Append-only JSONL files: each record is one write() of a whole line, so a kill -9 leaves
+every earlier line intact (at worst one torn last line, cut on resume)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+class StoreError(Exception):
+    """The run folder cannot be written (disk full, permissions). Nothing written is lost."""
+
+
+class JsonlAppender:
+    def __init__(self, path: Path, fsync_interval_s: float = 1.0) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StoreError(f"{path}: cannot open for writing: {e.strerror}") from None
+        self._size = os.fstat(self._fd).st_size
+        self._fsync_interval = fsync_interval_s
+        self._last_fsync = time.monotonic()
+        self._dirty = False
+
+    def append(self, record: Any) -> None:
+        self.append_bytes(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+
+    def append_bytes(self, line: bytes) -> None:
+        before = self._size
+        try:
+            view = memoryview(line)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError as e:
+            self._undo_partial(before)
+            raise StoreError(f"{self.path}: write failed: {e.strerror}") from None
+        self._size = before + len(line)
+        self._dirty = True
+        if self._fsync_interval == 0 or time.monotonic() - self._last_fsync >= self._fsync_interval:
+            self.sync()
+
+    def _undo_partial(self, size: int) -> None:
+        # A partial line followed by later appends would leave a corrupt line mid-file.
+        with contextlib.suppress(OSError):  # resume detects and cuts a torn tail anyway
+            os.ftruncate(self._fd, size)
+
+    def sync(self) -> None:
+        if self._dirty:
+            try:
+                os.fsync(self._fd)
+            except OSError as e:
+                raise StoreError(f"{self.path}: fsync failed: {e.strerror}") from None
+            self._dirty = False
+        self._last_fsync = time.monotonic()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = -1

@@ -1,0 +1,44 @@
+"""Where things live in a run folder. Nothing outside `draftgen.store` writes in it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RESPONSES = "responses.jsonl"
+FAILURES = "failures.jsonl"
+TORN = "torn_tail.bin"
+
+
+@dataclass(frozen=True, slots=True)
+class RunLayout:
+    root: Path
+
+    @property
+    def run_json(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "lock"
+
+    def dataset_dir(self, dataset: str) -> Path:
+        return self.root / dataset
+
+    def responses(self, dataset: str) -> Path:
+        return self.root / dataset / RESPONSES
+
+    def failures(self, dataset: str) -> Path:
+        return self.root / dataset / FAILURES
+
+    def torn(self, dataset: str) -> Path:
+        return self.root / dataset / TORN
+
+    def dataset_names(self) -> list[str]:
+        """Datasets present on disk (folders holding a responses or failures file)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name for p in self.root.iterdir()
+            if p.is_dir() and ((p / RESPONSES).exists() or (p / FAILURES).exists())
+        )

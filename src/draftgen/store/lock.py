@@ -1,0 +1,76 @@
+"""One run per folder. The lock is an flock on RUN/lock: the kernel drops it when the holder
+dies, so a lock left by a kill -9 is recognised as stale and taken over."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+class RunLocked(Exception):
+    """Another live draftgen process holds the run folder."""
+
+
+class RunLock:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self.took_over_stale = False
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = read_lock_info(self.path)
+            raise RunLocked(
+                f"{self.path.parent} is in use by a running draftgen "
+                f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}); "
+                "stop it first (draftgen stop) or use another output_dir"
+            ) from None
+        self.took_over_stale = os.fstat(fd).st_size > 0
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, orjson.dumps(info), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def read_lock_info(path: Path) -> dict[str, Any]:
+    try:
+        data = orjson.loads(path.read_bytes() or b"{}")
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def lock_holder(path: Path) -> dict[str, Any] | None:
+    """The live holder's info, or None when no process holds the lock. Never blocks."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_lock_info(path)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

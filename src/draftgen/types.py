@@ -1,0 +1,140 @@
+"""The values that travel through the pipeline: Prompt → RawAnswer → Record.
+
+Backends produce `RawAnswer` (what the wire said, never a model format); formats turn a
+`RawAnswer` into token IDs; the store writes records as plain dicts built from these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Message = dict[str, Any]
+"""An OpenAI-style chat message: {"role", "content", optional "reasoning_content", "tool_calls",
+"tool_call_id", "name"}."""
+
+Tool = dict[str, Any]
+"""An OpenAI-style tool definition: {"type": "function", "function": {"name", "description",
+"parameters"}}."""
+
+TokenSource = Literal["native", "reconstructed"]
+TokenCheck = Literal["exact", "length_ok", "length_mismatch", "unverifiable"]
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One prompt to answer: the conversation up to (not including) the first assistant turn."""
+
+    id: str
+    dataset: str
+    messages: list[Message]
+    tools: list[Tool] | None = None
+    source: str = ""
+    """Where it came from, for error messages: "path:line" or "path[row]"."""
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cached_tokens: int | None = None
+    cost: float | None = None
+    """USD, as reported by the backend (OpenRouter `usage.cost`); None when not reported."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cost": self.cost,
+        }
+
+
+@dataclass(slots=True)
+class LogprobToken:
+    """One sampled token as an endpoint's logprobs describe it."""
+
+    token: str
+    bytes: list[int] | None = None
+    id: int | None = None
+    """Present when the endpoint reports it (llama.cpp; vLLM `return_tokens_as_token_ids`)."""
+    logprob: float | None = None
+
+
+@dataclass(slots=True)
+class RawAnswer:
+    """What one backend call returned, in wire terms. No model-format knowledge here."""
+
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    provider: str | None = None
+    """Upstream provider that served it (OpenRouter's top-level `provider`)."""
+    quantization: str | None = None
+    model: str | None = None
+    request_id: str | None = None
+    """The generation ID (OpenRouter `X-Generation-Id` / body `id`, SGLang `meta_info.id`)."""
+    output_ids: list[int] | None = None
+    """Answer token IDs reported by the engine (SGLang `output_ids`, vLLM `token_ids`)."""
+    prompt_ids: list[int] | None = None
+    """Prompt token IDs reported by the engine (vLLM `prompt_token_ids`), if any."""
+    logprobs: list[LogprobToken] | None = None
+    stop_token_id: int | None = None
+    """The stop token the engine matched, when it reports one (SGLang `finish_reason.matched`)."""
+    text: str | None = None
+    """Raw decoded text when the backend returns text rather than reasoning/content (SGLang)."""
+
+
+class BackendError(Exception):
+    """A failed backend call. `retryable` errors are retried with back-off by the scheduler.
+
+    `kind` is a short stable label used in failures.jsonl and status (e.g. "rate_limited",
+    "server_error", "timeout", "connection", "bad_request", "auth", "payment", "moderation",
+    "provider_error", "bad_response", "empty_answer").
+    The message must never contain a secret.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        retry_after: float | None = None,
+        usage: Usage | None = None,
+        permanent_for_backend: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+        self.retry_after = retry_after
+        self.usage = usage
+        """Billed usage reported with the error, if any (failed requests can be billed)."""
+        self.permanent_for_backend = permanent_for_backend
+        """The backend itself is unusable (out of credits, bad key): stop dispatching to it."""
+
+    def __str__(self) -> str:
+        status = f" (HTTP {self.status})" if self.status else ""
+        return f"{self.kind}{status}: {self.message}"
+
+
+@dataclass(slots=True)
+class Rebuilt:
+    """A format's answer to "what token IDs did the model emit?"."""
+
+    output_ids: list[int]
+    token_source: TokenSource
+    token_check: TokenCheck
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None
+    flags: list[str] = field(default_factory=list)
+    """Defects and adjustments worth auditing, e.g. "whitespace_restored",
+    "special_token_in_content", "stop_token_appended"."""
