@@ -1,0 +1,3 @@
+from draftgen.cli import app
+
+app(prog_name="draftgen")
