@@ -45,7 +45,7 @@ def test_two_backends_at_once_exact_and_reconstructed(
         b'{"completely": "unknown"}',
     ])
     with TestServer(mode="openrouter", api_key=CANARY_KEY, prices=(0.5, 2.5), latency_s=0.01,
-                    providers=["Alpha", "Beta"]) as paid, \
+                    providers=["Alpha", "Beta"], noncanonical_rate=0.3) as paid, \
          TestServer(latency_s=0.02) as local:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("local", "sglang", local.url, concurrency=8, priority=0),
@@ -63,19 +63,23 @@ def test_two_backends_at_once_exact_and_reconstructed(
     by_backend = Counter(r["backend"] for r in records)
     assert by_backend["local"] > 0 and by_backend["paid"] > 0, by_backend
     for r in records:
-        assert list(r)[0] == "id"
+        assert next(iter(r)) == "id"
         assert r["input_ids"] == fmt.render_prompt(r["messages"], r.get("tools"))
         text = qwen3_tok.decode(r["output_ids"])
         assert text.startswith("<think>\n") and text.endswith("<|im_end|>"), text[-40:]
         assert r["finish_reason"] in ("stop", "tool_calls")
         if r["backend"] == "local":
             assert (r["token_source"], r["token_check"]) == ("native", "exact")
-        else:
-            assert r["token_source"] == "reconstructed"
-            assert r["token_check"] == "length_ok"
+        else:  # IDs recovered from the logprobs the endpoint returned
+            assert (r["token_source"], r["token_check"]) == ("native", "exact")
+            assert "ids_from_logprobs" in r["flags"]
             assert r["provider"] in ("Alpha", "Beta")
             assert r["usage"]["cost"] > 0
             assert r["request_id"]
+    # sampled non-canonical splits survive: text re-encoding would have lost them
+    noncanonical = [r for r in records if r["backend"] == "paid"
+                    and qwen3_tok.encode(qwen3_tok.decode(r["output_ids"])) != r["output_ids"]]
+    assert noncanonical
     tool_records = [r for r in records if r.get("tools")]
     assert tool_records and all("<tool_call>" in qwen3_tok.decode(r["output_ids"])
                                 for r in tool_records)
@@ -86,6 +90,30 @@ def test_two_backends_at_once_exact_and_reconstructed(
     run_json = orjson.loads((run_dir / "run.json").read_bytes())
     assert run_json["sessions"][-1]["outcome"] == "completed"
     assert len(run_json["tokenizer"]["sha256"]) == 64
+
+
+def test_reconstruction_is_labelled_honestly(tmp_path: Path, qwen3_dir: Path,
+                                              qwen3_tok: Tokenizer) -> None:
+    """Without engine IDs or logprobs, IDs are rebuilt from text: stripped whitespace is
+    restored where the layout makes it certain, and a sampled non-canonical split (same text,
+    one token more) is caught by the length check."""
+    data = write_jsonl(tmp_path / "d.jsonl", mixed_rows(60))
+    with TestServer(mode="openrouter", strip_whitespace=True, edge_whitespace_rate=0.0,
+                    noncanonical_rate=0.25) as server:
+        cfg = write_config(tmp_path, qwen3_dir, backends=[
+            fast_backend("or", "openrouter", server.url, logprobs=False, concurrency=8)],
+            datasets=[{"name": "d", "path": str(data)}])
+        assert run_config(cfg).status == "completed"
+        noncanonical = server.stats["faults"].get("noncanonical", 0)
+    records = read_records(tmp_path / "run", "d")
+    assert len(records) == 60
+    checks = Counter(r["token_check"] for r in records)
+    assert {r["token_source"] for r in records} == {"reconstructed"}
+    assert 0 < noncanonical < 60
+    assert checks == {"length_ok": 60 - noncanonical, "length_mismatch": noncanonical}
+    assert all("whitespace_restored" in r["flags"] for r in records)
+    for r in records:
+        assert qwen3_tok.decode(r["output_ids"]).startswith("<think>\n")
 
 
 def test_retries_failures_and_resume_up_to_max_attempts(

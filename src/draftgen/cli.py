@@ -17,6 +17,7 @@ from rich.table import Table
 
 from draftgen.config import ConfigError, RunConfig, load_config
 from draftgen.datasets import DatasetError
+from draftgen.export.options import ExportFormat, MinCheck, Overlong
 from draftgen.formats import FormatError
 from draftgen.runner import Plan, Runner, prepare
 from draftgen.store import RunLayout, RunLocked, StoreError, lock_holder
@@ -24,7 +25,7 @@ from draftgen.tokenize import TokenizerError, chunked
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Token-exact training data for speculative-decoding draft models.")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("draftgen")
 
 _USER_ERRORS = (ConfigError, DatasetError, FormatError, TokenizerError, RunLocked, StoreError)
@@ -56,7 +57,7 @@ def _check_backend_keys(cfg: RunConfig) -> None:
 
 
 def _print_plan(plan: Plan) -> None:
-    out = Console()
+    out = Console(soft_wrap=True)
     out.print(f"model: {plan.cfg.model.name} · format {plan.fmt.name} · tokenizer "
               f"{plan.tokenizer.path} (sha256 {plan.tokenizer.sha256[:12]}…)", highlight=False)
     specials = ", ".join(f"{k}={v}" for k, v in plan.fmt.special_tokens().items())
@@ -130,6 +131,102 @@ def stop(
     pid = int(holder["pid"])
     os.kill(pid, signal.SIGUSR1 if now else signal.SIGTERM)
     console.print(f"asked pid {pid} to stop {'now' if now else 'gracefully'}")
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
+    fmt: Annotated[ExportFormat, typer.Option(
+        "--format", "-f", help="speculators (HF save_to_disk Arrow), specforge (pre-tokenized "
+        "+ conversations JSONL) or parquet (one flat table).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (created).")],
+    dataset: Annotated[list[str] | None, typer.Option(
+        "--dataset", "-d", help="Export only this dataset (repeatable; default: all).")] = None,
+    cap: Annotated[list[str] | None, typer.Option(
+        "--cap", help="NAME=N: at most N rows from a dataset, a seeded sample (repeatable).")
+        ] = None,
+    weight: Annotated[list[str] | None, typer.Option(
+        "--weight", help="NAME=W: row multiplier for a dataset: 0.5 keeps a seeded half, 2 "
+        "writes each answer twice; applied before --cap (repeatable).")] = None,
+    exclude_truncated: Annotated[bool, typer.Option(
+        "--exclude-truncated/--keep-truncated",
+        help="Leave out answers cut off by max_tokens.")] = True,
+    min_check: Annotated[MinCheck, typer.Option(
+        "--min-check", help="Weakest token check exported: exact (native IDs), length_ok "
+        "(also rebuilt IDs whose length matched), any.")] = MinCheck.length_ok,
+    exact_only: Annotated[bool, typer.Option(
+        "--exact-only", help="Same as --min-check exact.")] = False,
+    checks: Annotated[bool, typer.Option(
+        "--checks/--no-checks", help="Leave out answers failing the audit (stop token "
+        "consistent with finish_reason, no special-token text in reasoning/content).")] = True,
+    max_len: Annotated[int | None, typer.Option(
+        "--max-len", help="Maximum row length in tokens (prompt + answer).")] = None,
+    overlong: Annotated[Overlong, typer.Option(
+        "--overlong", help="Rows over --max-len: drop them, or truncate (cut the answer's "
+        "tail; the prompt is kept whole).")] = Overlong.drop,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of shuffle, split, weights, caps.")
+                    ] = 0,
+    shuffle: Annotated[bool, typer.Option("--shuffle/--no-shuffle")] = True,
+    val_fraction: Annotated[float, typer.Option(
+        "--val-fraction", help="Fraction of answers put in a validation split (by hash).")
+        ] = 0.0,
+    jsonl: Annotated[bool, typer.Option(
+        "--jsonl", help="speculators: also write OUT/jsonl/SPLIT.jsonl.")] = False,
+    text: Annotated[bool, typer.Option(
+        "--text/--no-text", help="speculators: decode a text column with the run's "
+        "tokenizer.")] = True,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="tokenizer.json to use instead of the one run.json names.")] = None,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Replace a non-empty --out folder.")] = False,
+    skip_broken: Annotated[bool, typer.Option(
+        "--skip-broken", help="Leave out (and count) rows that cannot be sound instead of "
+        "failing.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Write a run's answers for a draft-model trainer: exact token IDs, checked loss masks."""
+    from draftgen.export import ExportError, ExportOptions, export_run
+    from draftgen.export.options import parse_pairs
+    from draftgen.export.summary import print_summary
+
+    _setup_logging(verbose)
+    try:
+        opts = ExportOptions(
+            format=fmt, out=out, datasets=dataset or None,
+            caps=parse_pairs(cap, "--cap", int), weights=parse_pairs(weight, "--weight", float),
+            exclude_truncated=exclude_truncated,
+            min_check=MinCheck.exact if exact_only else min_check, checks=checks,
+            max_len=max_len, overlong=overlong, seed=seed, shuffle=shuffle,
+            val_fraction=val_fraction, jsonl=jsonl, text=text, tokenizer=tokenizer,
+            overwrite=overwrite, skip_broken=skip_broken,
+        )
+        summary = export_run(run_dir, opts)
+    except ExportError as e:
+        raise _fail(str(e), code=1) from None
+    print_summary(summary, Console())
+    if summary.written() == 0:
+        raise _fail("no row was written: every answer was excluded (see above)", code=1)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Folder for index.html and the PNGs (default: RUN_DIR/report).")
+        ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Write an HTML report of a run (spend, lengths, checks, latency, failures) with PNGs."""
+    from draftgen.report import ReportError, write_report
+
+    _setup_logging(verbose)
+    try:
+        result = write_report(run_dir, out)
+    except ReportError as e:
+        raise _fail(str(e), code=1) from None
+    stats = result.stats
+    Console().print(f"report of {stats.answers:,} answers (${stats.cost:.4f}) → {result.index} "
+                    f"(+ {len(result.pngs)} PNGs)", highlight=False, soft_wrap=True)
 
 
 def main() -> None:  # pragma: no cover - console entry point convenience

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-BackendType = Literal["openai", "openrouter", "vllm", "sglang"]
+BackendType = Literal["openai", "openrouter", "vllm", "sglang", "llamacpp"]
 REDACTED = "***"
 
 
@@ -27,7 +27,11 @@ class ModelConfig(_Strict):
     format: str
     """Model family: a key of the formats registry (qwen3, qwen3-thinking, ...)."""
     tokenizer: str
-    """A tokenizer.json file or a folder holding one (HF tokenizer folder)."""
+    """A tokenizer.json file, or a HF tokenizer folder (one without tokenizer.json, such as
+    Kimi's tiktoken tokenizer, loads through transformers with trust_remote_code)."""
+    format_options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the model format (e.g. kimi-k2.5 {thinking: false}; chat-template
+    {stop_token, end_think_token, ...})."""
 
 
 class SamplingConfig(_Strict):
@@ -40,13 +44,41 @@ class SamplingConfig(_Strict):
     """Extra fields merged into every request body (OpenAI) or sampling_params (SGLang)."""
 
 
+class Price(_Strict):
+    """USD per million tokens."""
+
+    prompt: float = Field(ge=0)
+    completion: float = Field(ge=0)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.prompt + completion_tokens * self.completion) / 1e6
+
+
 class BackendConfig(_Strict):
     name: str
     type: BackendType
-    url: str
+    url: str | None = None
+    """The server's base URL. A `llamacpp` backend may give `model` instead."""
+    endpoint: Literal["native", "chat"] = "native"
+    """`llamacpp` only: "native" (`/completion`, prompt as IDs, engine IDs back) or "chat"
+    (OpenAI `/v1/chat/completions`, IDs recoverable from logprobs)."""
+    model: str | None = None
+    """`llamacpp` only: a GGUF file; draftgen starts and stops its own llama-server for it
+    (backends with the same model and server_args share one server)."""
+    server_args: list[str] = Field(default_factory=list)
+    """`llamacpp` with `model` only: extra llama-server flags (e.g. ["--threads", "4"])."""
     api_key_env: str | None = None
     concurrency: int = Field(64, gt=0)
     priority: int = 0
+    price: Price | None = None
+    """USD per million tokens. Default: OpenRouter's /models listing for `openrouter`, 0 for
+    a backend that is not paid."""
+    paid: bool | None = None
+    """Whether the backend bills. Default: true for `openrouter` and for any backend with an
+    `api_key_env`; false otherwise (local engines)."""
+    cooldown_after: int = Field(20, ge=1)
+    """Consecutive failed requests that take the backend out of rotation for `cooldown_s`."""
+    cooldown_s: float = Field(30.0, ge=0)
     """Lower runs first: a backend gets work only when every backend of a lower priority is
     saturated."""
     provider: dict[str, Any] | None = None
@@ -54,6 +86,9 @@ class BackendConfig(_Strict):
     reasoning: dict[str, Any] | None = None
     """OpenRouter `reasoning` request object; default {"enabled": true} on openrouter."""
     stream: bool = False
+    logprobs: bool = True
+    """Chat backends: ask for per-token logprobs, from which the sampled token IDs are
+    recovered exactly where they cover the whole answer."""
     timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(30.0, gt=0)
     max_retries: int = Field(6, ge=0)
@@ -65,10 +100,33 @@ class BackendConfig(_Strict):
 
     @field_validator("url")
     @classmethod
-    def _url_has_scheme(cls, url: str) -> str:
+    def _url_has_scheme(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"must start with http:// or https://, got {url!r}")
         return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _url_or_model(self) -> BackendConfig:
+        if self.type != "llamacpp":
+            for key, default in (("model", None), ("server_args", []), ("endpoint", "native")):
+                if getattr(self, key) != default:
+                    raise ValueError(f"{key}: only for type llamacpp")
+            if self.url is None:
+                raise ValueError("url: required")
+        elif (self.url is None) == (self.model is None):
+            raise ValueError("llamacpp: give exactly one of url (a running llama-server) "
+                             "or model (a GGUF file: draftgen starts the server)")
+        elif self.server_args and self.model is None:
+            raise ValueError("server_args: only with model (a server draftgen starts)")
+        return self
+
+    @property
+    def is_paid(self) -> bool:
+        if self.paid is not None:
+            return self.paid
+        return self.type == "openrouter" or self.api_key_env is not None
 
     def api_key(self) -> str | None:
         """The key from the environment; a named but unset variable is an error."""
@@ -91,6 +149,11 @@ class DatasetConfig(_Strict):
     split: str = "train"
     subset: str | None = None
     """Hub config name, when `path` is a hub dataset."""
+    max_output_tokens: int | None = Field(None, gt=0)
+    """Token budget: answers stop being dispatched once this many output tokens are spent or
+    reserved (the rest is counted as skipped)."""
+    max_prompts: int | None = Field(None, gt=0)
+    """At most this many answers for the dataset (the rest is counted as skipped)."""
     turns: Literal["first", "last"] = "first"
     """Which assistant turn to regenerate: "first" (the prompt is the conversation up to the
     first assistant turn) or "last" (up to the last one, earlier turns kept as history)."""
@@ -103,12 +166,20 @@ class DatasetConfig(_Strict):
         return name
 
 
+class BudgetConfig(_Strict):
+    usd: float | None = Field(None, gt=0)
+    """Total spend of the run (all sessions), enforced by reservation."""
+    usd_per_minute: float | None = Field(None, gt=0)
+    """Spend rate: over it, paid backends get no new requests until the rate drops."""
+
+
 class RunConfig(_Strict):
     output_dir: str
     model: ModelConfig
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     backends: list[BackendConfig]
     datasets: list[DatasetConfig]
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
     max_attempts: int = Field(3, gt=0)
     """A prompt whose requests failed this many times (across runs) is not retried on resume."""
     fsync_interval_s: float = Field(1.0, ge=0)

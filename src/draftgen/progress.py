@@ -25,19 +25,24 @@ class DatasetCounters:
     """Answers already on disk when this session started."""
     exhausted: int = 0
     """Prompts not retried: they failed `max_attempts` times in earlier sessions."""
+    skipped: int = 0
+    """Prompts not sent because the dataset's or the run's budget was reached."""
     done: int = 0
     failed: int = 0
     in_flight: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
     cost: float = 0.0
+    output_tokens_before: int = 0
+    cost_before: float = 0.0
     truncated: int = 0
     not_exact: int = 0
     failure_kinds: Counter[str] = field(default_factory=Counter)
 
     @property
     def pending(self) -> int:
-        return self.total - self.done_before - self.exhausted - self.done - self.failed
+        return (self.total - self.done_before - self.exhausted - self.skipped - self.done
+                - self.failed)
 
 
 @dataclass
@@ -45,15 +50,16 @@ class RunCounters:
     datasets: dict[str, DatasetCounters] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     status: str = "running"
+    throttled: bool = False
     _window: deque[tuple[float, int, int, float]] = field(default_factory=lambda: deque(maxlen=120))
 
     def total(self) -> DatasetCounters:
         t = DatasetCounters()
         for d in self.datasets.values():
-            for name in ("total", "done_before", "exhausted", "done", "failed", "in_flight",
-                         "output_tokens", "reasoning_tokens", "truncated", "not_exact"):
+            for name in ("total", "done_before", "exhausted", "skipped", "done", "failed",
+                         "in_flight", "output_tokens", "reasoning_tokens", "truncated",
+                         "not_exact", "output_tokens_before", "cost", "cost_before"):
                 setattr(t, name, getattr(t, name) + getattr(d, name))
-            t.cost += d.cost
             t.failure_kinds.update(d.failure_kinds)
         return t
 
@@ -74,22 +80,28 @@ class RunCounters:
         return answers_s, tokens_s, (t.cost - cost0) / span * 60
 
 
+def _throttled(counters: RunCounters) -> str:
+    return " (throttled: spend rate)" if counters.throttled else ""
+
+
 def _fmt_int(n: int) -> str:
     return f"{n:,}"
 
 
 def render_table(counters: RunCounters) -> Group:
     table = Table(expand=False, header_style="bold")
-    for col in ("dataset", "done / total", "failed", "pending", "in flight", "out tokens", "$"):
+    for col in ("dataset", "done / total", "failed", "skipped", "pending", "in flight",
+                "out tokens", "$"):
         table.add_column(col, justify="left" if col == "dataset" else "right")
     for name, d in counters.datasets.items():
         table.add_row(name, f"{_fmt_int(d.done_before + d.done)} / {_fmt_int(d.total)}",
-                      _fmt_int(d.failed + d.exhausted), _fmt_int(d.pending),
+                      _fmt_int(d.failed + d.exhausted), _fmt_int(d.skipped), _fmt_int(d.pending),
                       _fmt_int(d.in_flight), _fmt_int(d.output_tokens), f"{d.cost:.4f}")
     answers_s, tokens_s, usd_min = counters.sample()
     t = counters.total()
     footer = Text(
-        f"{counters.status} · in flight {t.in_flight:,} · {answers_s:.1f} answers/s · "
+        f"{counters.status}{_throttled(counters)} · in flight {t.in_flight:,} · "
+        f"{answers_s:.1f} answers/s · "
         f"{tokens_s:,.0f} tokens/s · ${t.cost:.4f} spent · ${usd_min:.4f}/min · "
         f"{time.monotonic() - counters.started:.0f}s"
     )
@@ -100,8 +112,9 @@ def progress_line(counters: RunCounters) -> str:
     t = counters.total()
     answers_s, tokens_s, usd_min = counters.sample()
     return (
-        f"{counters.status}: done {t.done_before + t.done:,}/{t.total:,} "
-        f"(+{t.done:,} now) failed {t.failed:,} pending {t.pending:,} in flight {t.in_flight:,} "
+        f"{counters.status}{_throttled(counters)}: done {t.done_before + t.done:,}/{t.total:,} "
+        f"(+{t.done:,} now) failed {t.failed:,} skipped {t.skipped:,} pending {t.pending:,} "
+        f"in flight {t.in_flight:,} "
         f"| {answers_s:.1f} answers/s {tokens_s:,.0f} tokens/s | ${t.cost:.4f} ${usd_min:.4f}/min"
     )
 

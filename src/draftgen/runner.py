@@ -2,7 +2,8 @@
 
 Every answer is appended to its dataset's responses.jsonl as soon as it arrives; re-running
 on the same folder skips completed IDs, retries failed ones (up to `max_attempts`), and cuts a
-torn last line left by a kill.
+torn last line left by a kill. Every request is journaled when sent and when it ends, so the
+requests in flight at any stop are known.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 from collections import deque
@@ -18,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.backends import Backend, make_backend
-from draftgen.config import RunConfig
+from draftgen.budget import Ledger, Reservation
+from draftgen.config import ConfigError, Price, RunConfig
 from draftgen.datasets import LoadStats, iter_prompts
 from draftgen.formats import Format, get_format
 from draftgen.progress import DatasetCounters, ProgressDisplay, RunCounters
@@ -29,6 +32,9 @@ from draftgen.tokenize import OffLoopBatcher, Tokenizer, load_tokenizer, self_ch
 from draftgen.types import BackendError, Prompt, RawAnswer, Rebuilt
 
 log = logging.getLogger("draftgen")
+
+RENDER_BATCH = 256
+BUDGET_PAUSE = "budget.usd: waiting for requests in flight to settle"
 
 
 @dataclass
@@ -49,7 +55,7 @@ class Plan:
 def prepare(cfg: RunConfig) -> Plan:
     """Load the tokenizer, check it against the format, read every dataset. Sends nothing."""
     tokenizer = load_tokenizer(cfg.model.tokenizer)
-    fmt = get_format(cfg.model.format, tokenizer)
+    fmt = get_format(cfg.model.format, tokenizer, cfg.model.format_options)
     self_check(tokenizer, fmt.special_tokens())
     plan = Plan(cfg=cfg, tokenizer=tokenizer, fmt=fmt)
     for ds in cfg.datasets:
@@ -59,20 +65,22 @@ def prepare(cfg: RunConfig) -> Plan:
     return plan
 
 
-class StopRequested(Exception):
-    pass
-
-
 @dataclass
 class Outcome:
     status: str
-    """"completed", "stopped", "aborted", or "failed"."""
+    """"completed", "budget" (stopped by budget.usd), "stopped", "aborted", or "failed"."""
     message: str = ""
     counters: RunCounters | None = None
 
     @property
     def exit_code(self) -> int:
-        return {"completed": 0, "stopped": 0, "aborted": 130}.get(self.status, 1)
+        return {"completed": 0, "budget": 0, "stopped": 0, "aborted": 130}.get(self.status, 1)
+
+
+@dataclass(slots=True)
+class Pending:
+    prompt: Prompt
+    input_ids: list[int] | None = None
 
 
 class Runner:
@@ -83,32 +91,70 @@ class Runner:
         self.store = Store(self.root, self.cfg.fsync_interval_s)
         self.counters = RunCounters()
         self.live_display = live_display
-        self.queue: deque[Prompt] = deque()
+        self.queues: dict[str, deque[Pending]] = {}
+        self.ledger = Ledger(usd=self.cfg.budget.usd, usd_per_minute=self.cfg.budget.usd_per_minute)
+        self.prices: dict[str, Price | None] = {}
+        self.session = 0
+        self._next_dataset = 0
         self._stopping = False
         self._aborting = False
         self._fatal: str | None = None
+        self._budget_stop: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._render = OffLoopBatcher(self.plan.fmt.render_prompts, max_batch=128)
-        self._rebuild = OffLoopBatcher(self.plan.fmt.rebuild_batch, max_batch=128)
+        self._rebuild = OffLoopBatcher(self._rebuild_batch, max_batch=128)
+
+    def _rebuild_batch(self, items: list[tuple[RawAnswer, Prompt]]) -> list[Rebuilt]:
+        return self.plan.fmt.rebuild_batch([raw for raw, _ in items], [p for _, p in items])
 
     # ---- set-up ------------------------------------------------------------------------
 
     def _resume(self) -> None:
-        """Queue every prompt not yet answered and not out of attempts."""
+        """Queue every prompt not yet answered, not out of attempts and within its budget."""
+        limits = {d.name: d for d in self.cfg.datasets}
         for ds in self.plan.datasets:
             on_disk, _ = scan_dataset(self.store.layout, ds.name)
             counters = DatasetCounters(total=len(ds.prompts))
+            counters.output_tokens_before = on_disk.output_tokens
+            queue: deque[Pending] = deque()
+            room = limits[ds.name].max_prompts
             for prompt in ds.prompts:
                 if prompt.id in on_disk.done:
                     counters.done_before += 1
                 elif on_disk.failed_attempts[prompt.id] >= self.cfg.max_attempts:
                     counters.exhausted += 1
                 else:
-                    self.queue.append(prompt)
+                    queue.append(Pending(prompt))
+            if room is not None:
+                allowed = max(0, room - counters.done_before)
+                while len(queue) > allowed:
+                    queue.pop()
+                    counters.skipped += 1
+            self.queues[ds.name] = queue
             self.counters.datasets[ds.name] = counters
+            self.ledger.add_dataset(ds.name, limits[ds.name].max_output_tokens,
+                                    spent_tokens=on_disk.output_tokens)
+            self.ledger.add_spent(on_disk.cost)
+            counters.cost_before = on_disk.cost
             if counters.done_before or counters.exhausted:
                 log.info("%s: resuming: %d done, %d out of attempts, %d to go", ds.name,
-                         counters.done_before, counters.exhausted, counters.pending)
+                         counters.done_before, counters.exhausted, len(queue))
+
+    async def _resolve_prices(self, backends: list[Backend]) -> None:
+        """Each backend's price: configured, else listed by the endpoint, else 0 for a
+        backend that does not bill. A budget with a paid backend of unknown price is an
+        error before anything is sent."""
+        budgeted = self.cfg.budget.usd is not None or self.cfg.budget.usd_per_minute is not None
+        for b in backends:
+            price = b.cfg.price or await b.listed_price()
+            if price is None and not b.cfg.is_paid:
+                price = Price(prompt=0, completion=0)
+            if price is None and budgeted:
+                raise ConfigError(
+                    f"backend {b.name!r}: no price known for a paid backend, so budget.usd "
+                    "cannot be enforced; set backends[].price: {prompt: ..., completion: ...} "
+                    "(USD per million tokens)"
+                )
+            self.prices[b.name] = price
 
     # ---- the run -----------------------------------------------------------------------
 
@@ -117,7 +163,7 @@ class Runner:
         lock.acquire()
         if lock.took_over_stale:
             log.warning("%s: previous run did not exit cleanly; resuming", self.root)
-        session = start_session(self.store.layout.run_json, self.cfg.redacted(), {
+        self.session = start_session(self.store.layout.run_json, self.cfg.redacted(), {
             "path": str(self.plan.tokenizer.path), "sha256": self.plan.tokenizer.sha256,
         })
         outcome = Outcome("failed", "interrupted")
@@ -126,115 +172,232 @@ class Runner:
             outcome = await self._run_backends()
         finally:
             self.store.close()
-            end_session(self.store.layout.run_json, session, outcome.status, self._summary())
+            end_session(self.store.layout.run_json, self.session, outcome.status,
+                        self._summary())
             lock.release()
         outcome.counters = self.counters
         return outcome
 
     async def _run_backends(self) -> Outcome:
         backends = [make_backend(b, self.cfg.model, self.cfg.sampling) for b in self.cfg.backends]
-        for b in backends:
-            await b.start()
-        display = ProgressDisplay(self.counters, live=self.live_display)
-        display_task = asyncio.create_task(display.run())
-        self._install_signal_handlers()
+        display_task: asyncio.Task[None] | None = None
         try:
-            await self._dispatch(BackendSlots(backends))
-        except NoBackendLeft as e:
-            self._fatal = str(e)
+            for b in backends:
+                await b.start()
+            await self._resolve_prices(backends)
+            display = ProgressDisplay(self.counters, live=self.live_display)
+            display_task = asyncio.create_task(display.run())
+            self._install_signal_handlers()
+            try:
+                await self._dispatch(BackendSlots(backends))
+            except NoBackendLeft as e:
+                if self._budget_stop:
+                    log.warning("%s", self._budget_stop)
+                else:
+                    self._fatal = str(e)
         finally:
             self._remove_signal_handlers()
-            display_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await display_task
+            if display_task is not None:
+                display_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await display_task
             for b in backends:
                 await b.close()
         return self._outcome()
 
     def _outcome(self) -> Outcome:
         if self._fatal:
-            self.counters.status = "failed"
-            return Outcome("failed", self._fatal)
-        if self._aborting:
-            self.counters.status = "aborted"
-            return Outcome("aborted", "stopped at once; answers in flight were dropped")
-        if self._stopping:
-            self.counters.status = "stopped"
-            return Outcome("stopped", "stopped; answers in flight were saved")
-        self.counters.status = "completed"
-        return Outcome("completed")
+            status, message = "failed", self._fatal
+        elif self._aborting:
+            status, message = "aborted", "stopped at once; answers in flight were dropped"
+        elif self._stopping:
+            status, message = "stopped", "stopped; answers in flight were saved"
+        elif self._budget_stop and any(self.queues.values()):
+            status, message = "budget", self._budget_stop
+            for name, queue in self.queues.items():
+                self.counters.datasets[name].skipped += len(queue)
+                queue.clear()
+        else:
+            status, message = "completed", ""
+        self.counters.status = status
+        return Outcome(status, message)
+
+    # ---- dispatch ------------------------------------------------------------------------
 
     async def _dispatch(self, slots: BackendSlots) -> None:
-        while (self.queue or self._tasks) and not self._stopping:
-            if not self.queue:
+        self._slots = slots
+        while not self._stopping:
+            picked = await self._next_pending()
+            if picked is None:
+                if not self._tasks:
+                    break
                 await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
                 continue
+            item, max_tokens = picked
+            dataset = item.prompt.dataset
             try:
                 backend = await slots.acquire()
             except NoBackendLeft:
+                self.queues[dataset].appendleft(item)
                 await self._drain()
                 raise
             if self._stopping:
                 slots.release(backend)
+                self.queues[dataset].appendleft(item)
                 break
-            prompt = self.queue.popleft()
-            self.counters.datasets[prompt.dataset].in_flight += 1
-            task = asyncio.create_task(self._answer(prompt, backend, slots))
+            assert item.input_ids is not None
+            admission = self.ledger.admit(dataset, max_tokens, len(item.input_ids),
+                                          self.prices[backend.name])
+            self.counters.throttled = self.ledger.throttled
+            if admission.reservation is None:
+                slots.release(backend)
+                self.queues[dataset].appendleft(item)
+                self._hold_back(slots, backend, admission.wait_s, admission.settling)
+                continue
+            self.counters.datasets[dataset].in_flight += 1
+            task = asyncio.create_task(
+                self._answer(item, backend, max_tokens, admission.reservation))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         await self._drain()
+
+    def _hold_back(self, slots: BackendSlots, backend: Backend, wait_s: float,
+                   settling: bool) -> None:
+        """A paid backend that the dollar budget cannot take now: wait for the spend rate,
+        wait for requests in flight to settle, or leave the run when the budget is spent."""
+        if wait_s > 0:
+            slots.pause(backend, wait_s, "budget.usd_per_minute: spend rate reached")
+        elif settling:
+            slots.pause(backend, math.inf, BUDGET_PAUSE)
+        else:
+            spent = self.ledger.spent_usd
+            self._budget_stop = (f"budget.usd reached: ${spent:.4f} of "
+                                 f"${self.cfg.budget.usd:.4f} spent; paid backends stopped")
+            slots.disable(backend, "budget.usd reached")
+
+    async def _next_pending(self) -> tuple[Pending, int] | None:
+        """The next prompt, taking datasets in turn, with the max_tokens its token budget
+        allows. Datasets whose budget is spent are closed (the rest counted as skipped)."""
+        names = list(self.queues)
+        for offset in range(len(names)):
+            name = names[(self._next_dataset + offset) % len(names)]
+            queue = self.queues[name]
+            if not queue:
+                continue
+            max_tokens = self.ledger.max_tokens_for(name, self.cfg.sampling.max_tokens)
+            if max_tokens is None:
+                if self.ledger.token_budget_done(name):
+                    self._close_for_budget(name)
+                continue  # requests in flight may still leave room
+            self._next_dataset = (self._next_dataset + offset + 1) % len(names)
+            if queue[0].input_ids is None:
+                await self._render_ahead(queue)
+            return queue.popleft(), max_tokens
+        return None
+
+    def _close_for_budget(self, dataset: str) -> None:
+        queue = self.queues[dataset]
+        counters = self.counters.datasets[dataset]
+        counters.skipped += len(queue)
+        log.info("%s: max_output_tokens reached; %d prompts skipped", dataset, len(queue))
+        queue.clear()
+
+    async def _render_ahead(self, queue: deque[Pending]) -> None:
+        batch = [p for _, p in zip(range(RENDER_BATCH), queue, strict=False)
+                 if p.input_ids is None]
+        loop = asyncio.get_running_loop()
+        rendered = await loop.run_in_executor(
+            None, self.plan.fmt.render_prompts, [p.prompt for p in batch])
+        for item, ids in zip(batch, rendered, strict=True):
+            item.input_ids = ids
 
     async def _drain(self) -> None:
         while self._tasks:
             await asyncio.wait(set(self._tasks))
 
-    async def _answer(self, prompt: Prompt, backend: Backend, slots: BackendSlots) -> None:
+    # ---- one request -----------------------------------------------------------------------
+
+    async def _answer(self, item: Pending, backend: Backend, max_tokens: int,
+                      reservation: Reservation) -> None:
+        prompt, input_ids = item.prompt, item.input_ids or []
         counters = self.counters.datasets[prompt.dataset]
         started = time.monotonic()
+        settled = False
         try:
-            input_ids = await self._render(prompt)
+            self._journal("sent", prompt, backend=backend.name, max_tokens=max_tokens)
             raw, retries = await send_with_retries(
-                backend, prompt, input_ids, self.cfg.sampling.max_tokens
-            )
-            rebuilt = await self._rebuild(raw)
-            record = make_record(prompt, input_ids, raw, rebuilt, backend.name,
+                backend, prompt, input_ids, max_tokens,
+                on_error=lambda e: self._slots.note_result(backend, failed=e.retryable))
+            rebuilt = await self._rebuild((raw, prompt))
+            cost = self._cost(backend, raw.usage.cost, raw.usage.prompt_tokens or len(input_ids),
+                              raw.usage.completion_tokens or len(rebuilt.output_ids))
+            record = make_record(prompt, input_ids, raw, rebuilt, backend, cost,
                                  time.monotonic() - started, retries)
             self.store.append_record(prompt.dataset, record)
-            self._count_answer(counters, raw, rebuilt)
+            self.ledger.settle(reservation, len(rebuilt.output_ids), cost)
+            settled = True
+            self._journal("ok", prompt)
+            self._slots.note_result(backend, failed=False)
+            self._count_answer(counters, raw, rebuilt, cost)
         except BackendError as e:
-            self._on_failure(prompt, backend, slots, e, counters)
+            billed = self._billed(backend, e)
+            self.ledger.settle(reservation, 0, billed)
+            settled = True
+            counters.cost += billed
+            self._on_failure(item, backend, e, counters)
         except StoreError as e:
             self._fatal = str(e)
             self._stopping = True
             log.error("%s; stopping dispatch, everything written so far is kept", e)
         except asyncio.CancelledError:
+            self._journal_quietly("dropped", prompt, reason="aborted")
             raise
         except Exception as e:  # a bug must not take the other 1,999 requests down with it
             log.exception("%s: unexpected error", prompt.id)
             self._write_failure(prompt, backend, "internal_error", f"{type(e).__name__}: {e}",
                                 None, counters)
         finally:
+            if not settled:
+                # Unknown outcome (aborted mid-stream, write failed): keep the worst case
+                # counted as spent, never less.
+                self.ledger.settle(reservation, reservation.tokens, reservation.usd)
             counters.in_flight -= 1
-            slots.release(backend)
+            self._slots.release(backend)
+            if reservation.usd:
+                self._slots.unpause(BUDGET_PAUSE)
 
-    def _count_answer(self, counters: DatasetCounters, raw: RawAnswer, rebuilt: Rebuilt) -> None:
+    def _cost(self, backend: Backend, reported: float | None, prompt_tokens: int,
+              completion_tokens: int) -> float:
+        """The reported cost where the backend gives one, else priced by the backend."""
+        if reported is not None:
+            return reported
+        price = self.prices.get(backend.name)
+        return price.cost(prompt_tokens, completion_tokens) if price else 0.0
+
+    def _billed(self, backend: Backend, e: BackendError) -> float:
+        if e.usage is None:
+            return 0.0
+        return self._cost(backend, e.usage.cost, e.usage.prompt_tokens or 0,
+                          e.usage.completion_tokens or 0)
+
+    def _count_answer(self, counters: DatasetCounters, raw: RawAnswer, rebuilt: Rebuilt,
+                      cost: float) -> None:
         counters.done += 1
         counters.output_tokens += len(rebuilt.output_ids)
         counters.reasoning_tokens += raw.usage.reasoning_tokens or 0
-        counters.cost += raw.usage.cost or 0.0
+        counters.cost += cost
         counters.truncated += raw.finish_reason == "length"
         counters.not_exact += rebuilt.token_check != "exact"
 
-    def _on_failure(self, prompt: Prompt, backend: Backend, slots: BackendSlots,
-                    e: BackendError, counters: DatasetCounters) -> None:
+    def _on_failure(self, item: Pending, backend: Backend, e: BackendError,
+                    counters: DatasetCounters) -> None:
         if e.permanent_for_backend:
             # Not the prompt's fault: give it to another backend.
-            slots.disable(backend, str(e))
-            self.queue.appendleft(prompt)
+            self._slots.disable(backend, str(e))
+            self.queues[item.prompt.dataset].appendleft(item)
+            self._journal_quietly("dropped", item.prompt, reason=e.kind)
             return
-        if e.usage and e.usage.cost:
-            counters.cost += e.usage.cost
-        self._write_failure(prompt, backend, e.kind, e.message, e.status, counters)
+        self._write_failure(item.prompt, backend, e.kind, e.message, e.status, counters)
 
     def _write_failure(self, prompt: Prompt, backend: Backend, kind: str, message: str,
                        status: int | None, counters: DatasetCounters) -> None:
@@ -246,9 +409,18 @@ class Runner:
                 "kind": kind, "status": status, "message": message,
                 "created_at": round(time.time(), 3),
             })
+            self._journal("failed", prompt, kind=kind)
         except StoreError as err:
             self._fatal = str(err)
             self._stopping = True
+
+    def _journal(self, event: str, prompt: Prompt, **extra: Any) -> None:
+        self.store.journal({"ev": event, "id": prompt.id, "dataset": prompt.dataset,
+                            "t": round(time.time(), 3), "session": self.session, **extra})
+
+    def _journal_quietly(self, event: str, prompt: Prompt, **extra: Any) -> None:
+        with contextlib.suppress(StoreError):
+            self._journal(event, prompt, **extra)
 
     # ---- stopping ------------------------------------------------------------------------
 
@@ -281,17 +453,36 @@ class Runner:
     def _summary(self) -> dict[str, Any]:
         t = self.counters.total()
         return {"done_now": t.done, "failed_now": t.failed, "done_total": t.done_before + t.done,
-                "total": t.total, "output_tokens_now": t.output_tokens,
-                "cost_usd_now": round(t.cost, 6)}
+                "skipped_budget": t.skipped, "total": t.total,
+                "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
+                "cost_usd_total": round(t.cost + t.cost_before, 6)}
+
+
+def _provider_excluded(routing: dict[str, Any] | None, provider: str | None) -> bool:
+    """An answer from a provider that the config's OpenRouter routing excluded."""
+    if not routing or not provider:
+        return False
+    slug = provider.lower().replace(" ", "").replace("-", "")
+
+    def norm(names: Any) -> set[str]:
+        return {str(n).lower().replace(" ", "").replace("-", "") for n in names or []}
+
+    if slug in norm(routing.get("ignore")):
+        return True
+    only = norm(routing.get("only"))
+    return bool(only) and slug not in only
 
 
 def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: Rebuilt,
-                backend: str, latency_s: float, retries: int) -> dict[str, Any]:
-    """One line of responses.jsonl. "id" must stay the first key (see store.resume)."""
+                backend: Backend, cost: float, latency_s: float, retries: int
+                ) -> dict[str, Any]:
+    """One line of responses.jsonl ("id" first, for people reading the file)."""
     flags = list(rebuilt.flags)
     if raw.prompt_ids is not None and raw.prompt_ids != input_ids:
         flags.append("prompt_ids_differ_from_engine")
         input_ids = raw.prompt_ids  # what the engine actually saw
+    if _provider_excluded(backend.cfg.provider, raw.provider):
+        flags.append("provider_excluded_by_config")
     record: dict[str, Any] = {
         "id": prompt.id,
         "dataset": prompt.dataset,
@@ -309,11 +500,12 @@ def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: R
         "content": rebuilt.content,
         "tool_calls": rebuilt.tool_calls,
         "finish_reason": raw.finish_reason,
-        "backend": backend,
+        "backend": backend.name,
         "provider": raw.provider,
         "quantization": raw.quantization,
         "model": raw.model,
         "usage": raw.usage.as_dict(),
+        "cost_usd": round(cost, 8),
         "request_id": raw.request_id,
         "latency_s": round(latency_s, 3),
         "retries": retries,

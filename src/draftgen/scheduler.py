@@ -10,9 +10,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from draftgen.backends import Backend
@@ -30,14 +33,17 @@ class BackendState:
     backend: Backend
     in_flight: int = 0
     disabled_reason: str | None = None
+    paused_until: float = 0.0
+    pause_reason: str | None = None
+    consecutive_failures: int = 0
 
     @property
     def capacity(self) -> int:
         return self.backend.cfg.concurrency
 
-    @property
-    def free(self) -> bool:
-        return self.disabled_reason is None and self.in_flight < self.capacity
+    def free(self, now: float) -> bool:
+        return (self.disabled_reason is None and self.in_flight < self.capacity
+                and now >= self.paused_until)
 
 
 class BackendSlots:
@@ -52,10 +58,11 @@ class BackendSlots:
 
     def _pick(self) -> BackendState | None:
         best: BackendState | None = None
+        now = time.monotonic()
         for state in self._by_priority:
             if best is not None and state.backend.cfg.priority > best.backend.cfg.priority:
                 break
-            if state.free and (best is None
+            if state.free(now) and (best is None
                                or state.in_flight / state.capacity
                                < best.in_flight / best.capacity):
                 best = state
@@ -71,11 +78,53 @@ class BackendSlots:
                 reasons = "; ".join(f"{n}: {s.disabled_reason}" for n, s in self.states.items())
                 raise NoBackendLeft(f"no backend left to send to ({reasons})")
             self._changed.clear()
-            await self._changed.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self._next_unpause())
+
+    def _next_unpause(self) -> float | None:
+        now = time.monotonic()
+        waits = [s.paused_until - now for s in self.states.values()
+                 if s.disabled_reason is None and s.paused_until > now
+                 and s.paused_until != math.inf]
+        return max(0.001, min(waits)) if waits else None
 
     def release(self, backend: Backend) -> None:
         self.states[backend.name].in_flight -= 1
         self._changed.set()
+
+    def pause(self, backend: Backend, seconds: float, reason: str) -> None:
+        """No new requests for this backend for `seconds` (math.inf: until `unpause`)."""
+        state = self.states[backend.name]
+        state.paused_until = time.monotonic() + seconds
+        if state.pause_reason != reason:
+            log.info("backend %s paused: %s", backend.name, reason)
+        state.pause_reason = reason
+        self._changed.set()
+
+    def unpause(self, reason: str) -> None:
+        for state in self.states.values():
+            if state.pause_reason == reason:
+                state.paused_until = 0.0
+                state.pause_reason = None
+        self._changed.set()
+
+    def note_result(self, backend: Backend, failed: bool) -> None:
+        """Consecutive failed requests take a backend out of rotation for its cool-down."""
+        state = self.states[backend.name]
+        if not failed:
+            state.consecutive_failures = 0
+            return
+        state.consecutive_failures += 1
+        cfg = backend.cfg
+        if state.consecutive_failures >= cfg.cooldown_after:
+            state.consecutive_failures = 0
+            self.pause(backend, cfg.cooldown_s,
+                       f"cool-down after {cfg.cooldown_after} failures in a row")
+
+    def paused_reasons(self) -> dict[str, str]:
+        now = time.monotonic()
+        return {n: s.pause_reason or "" for n, s in self.states.items()
+                if s.disabled_reason is None and s.paused_until > now}
 
     def disable(self, backend: Backend, reason: str) -> None:
         state = self.states[backend.name]
@@ -94,7 +143,8 @@ def backoff_delay(attempt: int, base: float, cap: float, retry_after: float | No
 
 
 async def send_with_retries(
-    backend: Backend, prompt: Prompt, input_ids: list[int], max_tokens: int
+    backend: Backend, prompt: Prompt, input_ids: list[int], max_tokens: int,
+    on_error: Callable[[BackendError], None] | None = None,
 ) -> tuple[RawAnswer, int]:
     """Send one prompt, retrying retryable errors. Returns the answer and the retry count.
 
@@ -107,6 +157,8 @@ async def send_with_retries(
         try:
             return await backend.send(prompt, input_ids, max_tokens), attempt
         except BackendError as e:
+            if on_error is not None:
+                on_error(e)
             if not e.retryable or e.permanent_for_backend or attempt >= cfg.max_retries:
                 raise
             if e.retry_after is not None and e.retry_after > cfg.backoff_max_s:

@@ -1,35 +1,162 @@
-"""Tokenizer loading, the start-up self-check, and batched encoding off the event loop."""
+"""Tokenizer loading, the start-up self-check, byte → ID recovery, and batched encoding off the
+event loop.
+
+Two kinds of tokenizer sit behind one `Tokenizer` interface:
+
+- `FastTokenizer`: a `tokenizer.json` loaded with HF `tokenizers` (Qwen3, DeepSeek, gpt-oss...).
+- `TransformersTokenizer`: a HF folder without `tokenizer.json`, loaded through
+  `transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=True)` (Kimi's tiktoken
+  tokenizer). transformers is the optional extra `hf`, imported only then.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+import importlib
+import logging
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
+from functools import cache
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tokenizers import Tokenizer as HFTokenizer
+
+from draftgen.types import LogprobToken
 
 
 class TokenizerError(Exception):
     """The tokenizer cannot be loaded or fails its self-check."""
 
 
-class Tokenizer:
-    """A thin wrapper over HF `tokenizers`: no special tokens added on encode, and added-token
-    strings ("<|im_end|>", "</think>") in the text map to their single IDs."""
+# ---- byte-level BPE: token strings ↔ bytes ---------------------------------------------------
 
-    def __init__(self, backend: HFTokenizer, path: Path) -> None:
-        self._tok = backend
+
+@cache
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level table, inverted: the printable character that stands for each byte
+    in a byte-level BPE vocabulary → that byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = list(printable)
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>\Z")
+
+
+@cache
+def _to_latin1() -> dict[int, int]:
+    """str.translate table: each byte-level character → the character of its byte value;
+    any other character below 256 → U+FFFF, so that encoding to latin-1 fails on it."""
+    table = {ord(c): b for c, b in byte_decoder().items()}
+    table.update({x: 0xFFFF for x in range(256) if x not in table})
+    return table
+
+
+def _byte_level_bytes(token: str) -> bytes:
+    """Raises UnicodeEncodeError when `token` is not a byte-level BPE string."""
+    return token.translate(_to_latin1()).encode("latin-1")
+
+
+def _sentencepiece_bytes(token: str) -> bytes:
+    m = _BYTE_FALLBACK.match(token)
+    if m:
+        return bytes([int(m[1], 16)])
+    return token.replace("▁", " ").encode("utf-8")
+
+
+def build_bytes_to_id(base_vocab: Mapping[str, int], added: Mapping[str, int]) -> dict[bytes, int]:
+    """Each vocabulary entry's bytes → its ID.
+
+    Base entries are byte-level BPE strings (GPT-2 table) when every one of them decodes
+    through that table, else SentencePiece pieces ("▁" for a space, "<0xNN>" byte fallback).
+    Added tokens are their own UTF-8 text and win over a base entry with the same bytes
+    (engines report an added token by its text).
+    """
+    out: dict[bytes, int] = {}
+    try:
+        for tok, tid in base_vocab.items():
+            out.setdefault(_byte_level_bytes(tok), tid)
+    except UnicodeEncodeError:
+        out = {}
+        for tok, tid in base_vocab.items():
+            out.setdefault(_sentencepiece_bytes(tok), tid)
+    for tok, tid in added.items():
+        out[tok.encode("utf-8")] = tid
+    return out
+
+
+# ---- the interface -------------------------------------------------------------------------
+
+
+class Tokenizer(ABC):
+    """What formats and the runner need from a tokenizer. `encode` adds no special tokens, and
+    added-token strings ("<|im_end|>", "</think>") in the text map to their single IDs."""
+
+    path: Path
+    """The tokenizer.json file, or the HF folder."""
+
+    def __init__(self, path: Path) -> None:
         self.path = path
         self._sha256: str | None = None
+        self._bytes_to_id: dict[bytes, int] | None = None
 
     @property
     def sha256(self) -> str:
+        """Of the file, or of a folder's tokenizer files (names and contents)."""
         if self._sha256 is None:
-            self._sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
+            self._sha256 = _hash_path(self.path)
         return self._sha256
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    @abstractmethod
+    def token_to_id(self, token: str) -> int | None: ...
+
+    @abstractmethod
+    def id_to_token(self, token_id: int) -> str | None: ...
+
+    @abstractmethod
+    def _vocab_parts(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
+        """(base vocabulary, added tokens): token string → ID."""
+
+    def bytes_to_id(self) -> dict[bytes, int]:
+        """Token bytes → vocabulary ID, built once (see `build_bytes_to_id`)."""
+        if self._bytes_to_id is None:
+            self._bytes_to_id = build_bytes_to_id(*self._vocab_parts())
+        return self._bytes_to_id
+
+
+class FastTokenizer(Tokenizer):
+    """A `tokenizer.json` through HF `tokenizers`."""
+
+    def __init__(self, backend: HFTokenizer, path: Path) -> None:
+        super().__init__(path)
+        self._tok = backend
 
     @property
     def vocab_size(self) -> int:
@@ -39,6 +166,7 @@ class Tokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # `tokenizers` releases the GIL inside encode_batch: a batch runs across cores.
         if not texts:
             return []
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
@@ -51,6 +179,116 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
+
+    def _vocab_parts(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
+        added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+        base = {t: i for t, i in self._tok.get_vocab(with_added_tokens=False).items()
+                if t not in added}
+        return base, added
+
+
+_KIMI_ENCODE_LOG = "Calling super().encode with"
+
+
+class _DropKimiEncodeWarning(logging.Filter):
+    """Kimi's `tokenization_kimi.py` logs this at WARNING on every encode() with keyword
+    arguments (SGLang filters it the same way)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_KIMI_ENCODE_LOG)
+
+
+class TransformersTokenizer(Tokenizer):
+    """A transformers tokenizer (slow or remote code) behind the same interface.
+
+    `encode` calls the backend with no keyword arguments when that adds no special tokens
+    (Kimi's tiktoken tokenizer: the keyword path is slower and logs a warning per call);
+    otherwise with `add_special_tokens=False`. Which one is decided once, at load.
+    """
+
+    def __init__(self, backend: Any, path: Path) -> None:
+        super().__init__(path)
+        self._tok = backend
+        module = type(backend).__module__
+        if "tokenization_kimi" in module:
+            logging.getLogger(module).addFilter(_DropKimiEncodeWarning())
+        self._added: dict[str, int] = dict(getattr(backend, "added_tokens_encoder", {}) or {})
+        self._vocab: dict[str, int] = dict(backend.get_vocab())
+        probe = "Hello, world"
+        self._plain_encode = list(backend.encode(probe)) == list(
+            backend.encode(probe, add_special_tokens=False)
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    def encode(self, text: str) -> list[int]:
+        if self._plain_encode:
+            return list(self._tok.encode(text))
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        if skip_special_tokens:
+            return str(self._tok.decode(list(ids), skip_special_tokens=True))
+        return str(self._tok.decode(list(ids)))  # no keyword: Kimi's fast path
+
+    def token_to_id(self, token: str) -> int | None:
+        if token in self._added:
+            return self._added[token]
+        return self._vocab.get(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        tok = self._tok.convert_ids_to_tokens(token_id)
+        return tok if isinstance(tok, str) else None
+
+    def _vocab_parts(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
+        base = {t: i for t, i in self._vocab.items() if t not in self._added}
+        return base, self._added
+
+
+_TOKEN_ID_FORM = re.compile(r"token_id:(\d+)\Z")
+"""vLLM's `return_tokens_as_token_ids` spelling of a logprob token."""
+
+
+def logprob_token_id(tokenizer: Tokenizer, entry: LogprobToken) -> int | None:
+    """One sampled token's vocabulary ID: its reported `id`, else its bytes (or its text, when
+    the endpoint gave no bytes) through the tokenizer's inverted byte table."""
+    if entry.id is not None:
+        return entry.id
+    m = _TOKEN_ID_FORM.match(entry.token)
+    if m:
+        return int(m[1])
+    raw = bytes(entry.bytes) if entry.bytes is not None else entry.token.encode("utf-8")
+    return tokenizer.bytes_to_id().get(raw)
+
+
+def ids_from_logprobs(tokenizer: Tokenizer, entries: Sequence[LogprobToken]) -> list[int] | None:
+    """Every entry's ID, or None when one of them maps to no vocabulary entry."""
+    ids = []
+    for entry in entries:
+        tid = logprob_token_id(tokenizer, entry)
+        if tid is None:
+            return None
+        ids.append(tid)
+    return ids
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+_TOKENIZER_FILE_HINTS = ("tokenizer", "vocab", "merges", "tiktoken", "special_tokens",
+                         "chat_template", ".py")
+
+
+def _hash_path(path: Path) -> str:
+    h = hashlib.sha256()
+    if path.is_file():
+        h.update(path.read_bytes())
+        return h.hexdigest()
+    for f in sorted(p for p in path.iterdir() if p.is_file()):
+        if any(hint in f.name for hint in _TOKENIZER_FILE_HINTS):
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def find_tokenizer_file(path: str | Path) -> Path:
@@ -65,11 +303,36 @@ def find_tokenizer_file(path: str | Path) -> Path:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    file = find_tokenizer_file(path)
+    """A `tokenizer.json` (or a folder holding one) through `tokenizers`; any other HF
+    tokenizer folder through transformers with `trust_remote_code=True`."""
+    p = Path(path).expanduser()
+    if p.is_dir() and not (p / "tokenizer.json").is_file():
+        if not (p / "tokenizer_config.json").is_file():
+            raise TokenizerError(
+                f"tokenizer not found: {path} (a folder needs tokenizer.json, or "
+                "tokenizer_config.json for a transformers tokenizer)"
+            )
+        return _load_transformers(p)
+    file = find_tokenizer_file(p)
     try:
-        return Tokenizer(HFTokenizer.from_file(str(file)), file)
+        return FastTokenizer(HFTokenizer.from_file(str(file)), file)
     except Exception as e:  # the Rust side raises plain Exception subclasses
         raise TokenizerError(f"{file}: cannot load tokenizer: {e}") from None
+
+
+def _load_transformers(folder: Path) -> Tokenizer:
+    try:
+        transformers = importlib.import_module("transformers")
+    except ImportError:
+        raise TokenizerError(
+            f"{folder} has no tokenizer.json: loading it needs transformers "
+            "(pip install 'draftgen[hf]'; Kimi's tokenizer also needs tiktoken)"
+        ) from None
+    try:
+        backend = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
+    except Exception as e:  # remote code can raise anything
+        raise TokenizerError(f"{folder}: cannot load tokenizer through transformers: {e}") from None
+    return TransformersTokenizer(backend, folder)
 
 
 def self_check(tokenizer: Tokenizer, expected: dict[str, int]) -> None:
@@ -89,9 +352,13 @@ def self_check(tokenizer: Tokenizer, expected: dict[str, int]) -> None:
             problems.append(f"ID {token_id} decodes to {back!r}, expected {token!r}")
     if problems:
         raise TokenizerError(
-            f"tokenizer self-check failed for {tokenizer.path}:\n  " + "\n  ".join(problems)
+            f"tokenizer self-check failed for {tokenizer.path} (a wrong tokenizer for this "
+            "model format, or a mis-loaded one: check the transformers version):\n  "
+            + "\n  ".join(problems)
         )
 
+
+# ---- batching off the event loop ------------------------------------------------------------
 
 T = TypeVar("T")
 R = TypeVar("R")

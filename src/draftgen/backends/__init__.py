@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from draftgen.backends.base import Backend, Capabilities
+from draftgen.backends.llamacpp import make_llamacpp_backend
 from draftgen.backends.openai_chat import OpenAIChatBackend
 from draftgen.backends.sglang import SGLangBackend
 from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
 
-_BY_TYPE: dict[str, type[Backend]] = {
+_BY_TYPE: dict[str, Callable[[BackendConfig, ModelConfig, SamplingConfig], Backend]] = {
     "openai": OpenAIChatBackend,
     "openrouter": OpenAIChatBackend,
     "vllm": OpenAIChatBackend,
     "sglang": SGLangBackend,
+    "llamacpp": make_llamacpp_backend,  # `endpoint` picks native /completion or chat
 }
 
 

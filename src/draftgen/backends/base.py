@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
+from draftgen.config import BackendConfig, ModelConfig, Price, SamplingConfig
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
 
@@ -74,6 +74,10 @@ class Backend(ABC):
         if self._session is None:
             raise RuntimeError(f"backend {self.name!r} used before start()")
         return self._session
+
+    async def listed_price(self) -> Price | None:
+        """The price the endpoint itself lists for the model, where it has such a listing."""
+        return None
 
     @abstractmethod
     async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:

@@ -20,6 +20,7 @@ from draftgen.backends.base import (
     parse_usage,
     transport_error,
 )
+from draftgen.config import Price
 from draftgen.types import BackendError, LogprobToken, Prompt, RawAnswer
 
 _DEFAULT_OPENROUTER_REASONING = {"enabled": True}
@@ -41,6 +42,21 @@ class OpenAIChatBackend(Backend):
             reports_cost=flavour == "openrouter",
         )
         self.url = chat_url(self.cfg.url)
+
+    async def listed_price(self) -> Price | None:
+        """OpenRouter's /models listing: `pricing.prompt` / `pricing.completion` in USD per
+        token, for the configured model."""
+        if self.cfg.type != "openrouter":
+            return None
+        url = self.url.rsplit("/chat/completions", 1)[0] + "/models"
+        try:
+            async with self.session.get(url) as resp:
+                if resp.status != 200:
+                    return None
+                listing = orjson.loads(await resp.read())
+        except Exception:  # no listing: the caller decides whether that is fatal
+            return None
+        return price_from_listing(listing, self.model.name)
 
     def build_body(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
         s = self.sampling
@@ -67,6 +83,9 @@ class OpenAIChatBackend(Backend):
             body["reasoning"] = self.cfg.reasoning
         if self.cfg.type == "vllm":
             body["return_token_ids"] = True
+        if self.cfg.logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = 1
         body.update(s.extra)
         body.update(self.cfg.extra_body)
         return body
@@ -90,6 +109,19 @@ class OpenAIChatBackend(Backend):
             raise
         except Exception as e:
             raise transport_error(e) from None
+
+
+def price_from_listing(listing: Any, model: str) -> Price | None:
+    models = listing.get("data") if isinstance(listing, dict) else None
+    for entry in models if isinstance(models, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            pricing = entry.get("pricing") or {}
+            try:
+                return Price(prompt=float(pricing["prompt"]) * 1e6,
+                             completion=float(pricing["completion"]) * 1e6)
+            except (KeyError, TypeError, ValueError):
+                return None
+    return None
 
 
 def _reasoning_of(message: Mapping[str, Any]) -> str | None:

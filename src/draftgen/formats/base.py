@@ -10,11 +10,11 @@ Formats know model formats, never wire protocols.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from draftgen.tokenize import Tokenizer
+from draftgen.tokenize import Tokenizer, ids_from_logprobs
 from draftgen.types import Message, Prompt, RawAnswer, Rebuilt, TokenCheck, Tool
 
 _REGISTRY: dict[str, type[Format]] = {}
@@ -24,12 +24,31 @@ class FormatError(Exception):
     """A format cannot be used with this tokenizer or this input."""
 
 
+WHITESPACE_RESTORED = "whitespace_restored"
+WHITESPACE_UNCERTAIN = "whitespace_uncertain"
+LOGPROBS_INCOMPLETE = "logprobs_incomplete"
+IDS_FROM_LOGPROBS = "ids_from_logprobs"
+STOP_TOKEN_APPENDED = "stop_token_appended"
+CHOSEN_BY_LENGTH = "layout_chosen_by_length"
+UNCERTAIN_SUFFIX = "_uncertain"
+"""Flags ending with this name a layout detail the text cannot settle (`whitespace_uncertain`,
+`end_think_uncertain`); `AnswerText.alternatives` then holds the other plausible texts."""
+
+
 @dataclass(slots=True)
 class AnswerText:
     """The native text of an answer, as the model would have emitted it."""
 
     text: str
     flags: list[str] = field(default_factory=list)
+    alternatives: list[str] = field(default_factory=list)
+    """Other plausible native texts, when the fields cannot settle a layout detail (stripped
+    whitespace, an omitted `</think>`). `text` is the preferred one. The token layer keeps the
+    one whose length equals the engine's token count when exactly one does."""
+
+    @property
+    def candidates(self) -> list[str]:
+        return [self.text, *(a for a in self.alternatives if a != self.text)]
 
 
 @dataclass(slots=True)
@@ -53,7 +72,10 @@ def format_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_format(name: str, tokenizer: Tokenizer) -> Format:
+def get_format(
+    name: str, tokenizer: Tokenizer, options: Mapping[str, Any] | None = None
+) -> Format:
+    """The format registered under `name`, with its `options` (config `model.format_options`)."""
     _import_builtin_formats()
     try:
         cls = _REGISTRY[name]
@@ -61,7 +83,7 @@ def get_format(name: str, tokenizer: Tokenizer) -> Format:
         raise FormatError(
             f"unknown model format {name!r}; known: {', '.join(sorted(_REGISTRY))}"
         ) from None
-    return cls(tokenizer)
+    return cls(tokenizer, options)
 
 
 def _import_builtin_formats() -> None:
@@ -81,9 +103,29 @@ class Format(ABC):
     control_tokens: ClassVar[tuple[str, ...]] = ()
     """Other special tokens of the layout (turn markers); checked at start-up and flagged when
     they appear inside reasoning or content."""
+    extra_stop_tokens: ClassVar[tuple[str, ...]] = ()
+    """Other tokens that end an answer (gpt-oss ends a tool call with `<|call|>`)."""
+    option_types: ClassVar[Mapping[str, type | tuple[type, ...]]] = {}
+    """The options this format accepts (config `model.format_options`) and their types."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, options: Mapping[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.options: dict[str, Any] = dict(options or {})
+        self._check_options()
+
+    def _check_options(self) -> None:
+        for key, value in self.options.items():
+            want = self.option_types.get(key)
+            if want is None:
+                known = ", ".join(sorted(self.option_types)) or "none"
+                raise FormatError(
+                    f"format {self.name!r}: unknown format option {key!r} (known: {known})"
+                )
+            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                raise FormatError(
+                    f"format {self.name!r}: format option {key!r} has the wrong type "
+                    f"({type(value).__name__})"
+                )
 
     # ---- text layer: each family implements these ---------------------------------------
 
@@ -107,11 +149,25 @@ class Format(ABC):
     def parse_answer_text(self, text: str) -> ParsedAnswer:
         """Split native answer text (special tokens kept) into reasoning, content, tool calls."""
 
+    def answer_in_context(self, raw: RawAnswer, prompt: Prompt | None) -> AnswerText:
+        """The answer's native text, given the prompt it answers when the caller has it.
+
+        Families whose answer layout depends on the prompt (Kimi's conversation-wide tool-call
+        index, DeepSeek's turn after tool outputs) override this; `prompt` None means "a
+        first turn"."""
+        return self.answer_text(
+            raw.reasoning, raw.content, raw.tool_calls, finished=answer_finished(raw)
+        )
+
     # ---- token layer: shared --------------------------------------------------------------
+
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        return (self.stop_token, *self.extra_stop_tokens)
 
     def special_tokens(self) -> dict[str, int]:
         """Every special token this format relies on, with its ID in this tokenizer."""
-        names = [self.stop_token, *self.control_tokens, *self.tool_tokens]
+        names = [*self.stop_tokens, *self.control_tokens, *self.tool_tokens]
         if self.end_think_token:
             names.append(self.end_think_token)
         out: dict[str, int] = {}
@@ -140,45 +196,140 @@ class Format(ABC):
     def render_prompt(self, messages: Sequence[Message], tools: Sequence[Tool] | None) -> list[int]:
         return self.tokenizer.encode(self.prompt_text(messages, tools))
 
-    def rebuild_batch(self, answers: Sequence[RawAnswer]) -> list[Rebuilt]:
-        """Token IDs for a batch of answers: native where the engine gave them, else rebuilt
-        from text and checked against the engine's token count."""
+    def rebuild_batch(
+        self,
+        answers: Sequence[RawAnswer],
+        prompts: Sequence[Prompt | None] | None = None,
+    ) -> list[Rebuilt]:
+        """Token IDs for a batch of answers, in order of preference:
+
+        1. native: IDs the engine reported (`output_ids`);
+        2. native: IDs recovered from per-token logprobs, when they cover the whole answer
+           (see `_ids_from_logprobs`);
+        3. reconstructed: the native text encoded (one `encode_batch` call for the batch),
+           checked against the engine's token count.
+
+        `prompts[i]`, when given, is the prompt that `answers[i]` answers (see
+        `answer_in_context`)."""
+        if prompts is not None and len(prompts) != len(answers):
+            raise ValueError("rebuild_batch: prompts and answers differ in length")
         out: list[Rebuilt | None] = [None] * len(answers)
-        to_encode: list[tuple[int, AnswerText, RawAnswer]] = []
+        pending: list[tuple[int, AnswerText, RawAnswer]] = []
         for i, raw in enumerate(answers):
             if raw.output_ids is not None:
                 out[i] = self._from_native(raw)
-            else:
-                finished = raw.finish_reason != "length"
-                text = self.answer_text(raw.reasoning, raw.content, raw.tool_calls,
-                                        finished=finished)
-                to_encode.append((i, text, raw))
-        if to_encode:
-            encoded = self.tokenizer.encode_batch([t.text for _, t, _ in to_encode])
-            for (i, text, raw), ids in zip(to_encode, encoded, strict=True):
-                out[i] = Rebuilt(
-                    output_ids=ids,
-                    token_source="reconstructed",
-                    token_check=_length_check(ids, raw.usage.completion_tokens),
-                    reasoning=raw.reasoning,
-                    content=raw.content,
-                    tool_calls=raw.tool_calls,
-                    flags=[*text.flags, *self._stray_special_tokens(raw)],
-                )
+                continue
+            text = self.answer_in_context(raw, prompts[i] if prompts is not None else None)
+            if raw.logprobs:
+                ids = self._ids_from_logprobs(raw, text)
+                if ids is not None:
+                    out[i] = self._from_logprobs(raw, ids)
+                    continue
+                text.flags.append(LOGPROBS_INCOMPLETE)
+            pending.append((i, text, raw))
+        if pending:
+            texts = [c for _, t, _ in pending for c in t.candidates]
+            encoded = iter(self.tokenizer.encode_batch(texts))
+            for i, text, raw in pending:
+                options = [next(encoded) for _ in text.candidates]
+                out[i] = self._reconstructed(raw, text, options)
         return [r for r in out if r is not None]
+
+    def _reconstructed(
+        self, raw: RawAnswer, text: AnswerText, options: list[list[int]]
+    ) -> Rebuilt:
+        """The encoded candidate to keep: the preferred one, unless exactly one candidate has
+        the engine's token count."""
+        flags = list(text.flags)
+        ids = options[0]
+        n = raw.usage.completion_tokens
+        if len(options) > 1 and n is not None:
+            matching = [o for o in options if len(o) == n]
+            if len(matching) == 1:
+                ids = matching[0]
+                flags = [f for f in flags if not f.endswith(UNCERTAIN_SUFFIX)]
+                flags.append(CHOSEN_BY_LENGTH)
+        return Rebuilt(
+            output_ids=ids,
+            token_source="reconstructed",
+            token_check=_length_check(ids, n),
+            reasoning=raw.reasoning,
+            content=raw.content,
+            tool_calls=raw.tool_calls,
+            flags=[*flags, *self._stray_special_tokens(raw)],
+        )
+
+    def _ids_from_logprobs(self, raw: RawAnswer, text: AnswerText) -> list[int] | None:
+        """The sampled IDs, from per-token logprobs, when they provably cover the whole answer.
+
+        Complete means: every entry maps to one vocabulary ID (its `id`, else its bytes through
+        the tokenizer's inverted byte table), and the IDs decode to exactly one of the answer's
+        candidate native texts, either whole or less its final stop token. In the second case
+        the answer finished (the candidate ends with a stop token only then) and the stop token
+        is certain, so its ID is appended. Anything else (logprobs over the content only, none
+        for the reasoning, an unknown token) is incomplete: None."""
+        ids = ids_from_logprobs(self.tokenizer, raw.logprobs or [])
+        if ids is None:
+            return None
+        decoded = self.tokenizer.decode(ids)
+        for candidate in text.candidates:
+            if decoded == candidate:
+                return ids
+            for stop in self.stop_tokens:
+                if candidate.endswith(stop) and decoded == candidate[: -len(stop)]:
+                    stop_id = self.tokenizer.token_to_id(stop)
+                    if stop_id is not None:
+                        return [*ids, stop_id]
+        return self._ids_matching_fields(raw, ids, decoded)
+
+    def _ids_matching_fields(self, raw: RawAnswer, ids: list[int], decoded: str
+                             ) -> list[int] | None:
+        """Logprob IDs whose text differs from every candidate only where the fields cannot
+        say what the model wrote (newlines around reasoning and content, the spelling of tool
+        call arguments): the logprobs are the better witness then. They must hold the same
+        reasoning, content and tool names as the fields, or they cover only part of the
+        answer (None)."""
+        if answer_finished(raw) and not any(decoded.endswith(s) for s in self.stop_tokens):
+            stop_id = self.tokenizer.token_to_id(self.stop_token)
+            if stop_id is None:
+                return None
+            decoded, ids = decoded + self.stop_token, [*ids, stop_id]
+        parsed = self.parse_answer_text(decoded)
+        if not parsed.finished and answer_finished(raw):
+            return None
+        if _stripped(parsed.reasoning) != _stripped(raw.reasoning):
+            return None
+        if _stripped(parsed.content) != _stripped(raw.content):
+            return None
+        if _tool_names(parsed.tool_calls) != _tool_names(raw.tool_calls):
+            return None
+        return ids
+
+    def _from_logprobs(self, raw: RawAnswer, ids: list[int]) -> Rebuilt:
+        appended = len(ids) > len(raw.logprobs or [])
+        flags = [IDS_FROM_LOGPROBS, *([STOP_TOKEN_APPENDED] if appended else [])]
+        return Rebuilt(
+            output_ids=ids,
+            token_source="native",
+            token_check="exact",
+            reasoning=raw.reasoning,
+            content=raw.content,
+            tool_calls=raw.tool_calls,
+            flags=[*flags, *self._stray_special_tokens(raw)],
+        )
 
     def _from_native(self, raw: RawAnswer) -> Rebuilt:
         ids = list(raw.output_ids or [])
         flags: list[str] = []
-        stop_id = self.stop_token_id
+        stop_ids = {self.tokenizer.token_to_id(t) for t in self.stop_tokens} - {None}
         if (
-            raw.finish_reason == "stop"
-            and raw.stop_token_id == stop_id
-            and (not ids or ids[-1] != stop_id)
+            answer_finished(raw)
+            and raw.stop_token_id in stop_ids
+            and (not ids or ids[-1] not in stop_ids)
         ):
             # The engine reported which stop token it matched but left it out of the list.
-            ids.append(stop_id)
-            flags.append("stop_token_appended")
+            ids.append(raw.stop_token_id)
+            flags.append(STOP_TOKEN_APPENDED)
         reasoning, content, tool_calls = raw.reasoning, raw.content, raw.tool_calls
         if reasoning is None and content is None:
             parsed = self.parse_answer_text(self.tokenizer.decode(ids))
@@ -194,8 +345,8 @@ class Format(ABC):
         )
 
     def _stray_special_tokens(self, raw: RawAnswer) -> list[str]:
-        """A stop or end-of-reasoning token inside the text fields is a defect to flag."""
-        markers = [self.stop_token, *self.control_tokens]
+        """A stop, turn or end-of-reasoning token inside the text fields is a defect to flag."""
+        markers = [*self.stop_tokens, *self.control_tokens]
         if self.end_think_token:
             markers.append(self.end_think_token)
         flags = []
@@ -203,6 +354,20 @@ class Format(ABC):
             if value and any(m in value for m in markers):
                 flags.append(f"special_token_in_{field_name}")
         return flags
+
+
+def _stripped(text: str | None) -> str:
+    return (text or "").strip()
+
+
+def _tool_names(calls: Sequence[dict[str, Any]] | None) -> list[str]:
+    return [str((c.get("function") or c).get("name")) for c in calls or []]
+
+
+def answer_finished(raw: RawAnswer) -> bool:
+    """Whether the answer ended with an end-of-turn token: every finish but a cut-off.
+    (`length` is the OpenAI spelling; SGLang's native API says the same.)"""
+    return raw.finish_reason != "length"
 
 
 def _length_check(ids: Sequence[int], completion_tokens: int | None) -> TokenCheck:

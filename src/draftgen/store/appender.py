@@ -47,6 +47,11 @@ class JsonlAppender:
         if self._fsync_interval == 0 or time.monotonic() - self._last_fsync >= self._fsync_interval:
             self.sync()
 
+    @property
+    def size(self) -> int:
+        """Bytes in the file, as this appender wrote them."""
+        return self._size
+
     def _undo_partial(self, size: int) -> None:
         # A partial line followed by later appends would leave a corrupt line mid-file.
         with contextlib.suppress(OSError):  # resume detects and cuts a torn tail anyway

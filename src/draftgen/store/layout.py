@@ -8,6 +8,8 @@ from pathlib import Path
 RESPONSES = "responses.jsonl"
 FAILURES = "failures.jsonl"
 TORN = "torn_tail.bin"
+INDEX = "index.jsonl"
+JOURNAL = "journal.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,13 @@ class RunLayout:
 
     def failures(self, dataset: str) -> Path:
         return self.root / dataset / FAILURES
+
+    def index(self, dataset: str) -> Path:
+        return self.root / dataset / INDEX
+
+    @property
+    def journal(self) -> Path:
+        return self.root / JOURNAL
 
     def torn(self, dataset: str) -> Path:
         return self.root / dataset / TORN

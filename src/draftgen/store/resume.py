@@ -1,27 +1,23 @@
 """Reading back what a run folder already holds: completed IDs, failed attempts, torn tails.
 
-The data files are the truth; no count of lines is trusted. Records are written with "id" as
-their first key, so completed IDs are read from each line's prefix without parsing the rest.
+The data files are the truth; no count of lines is trusted. Completed IDs come from the
+compact index beside the data, which is caught up with the data before it is used.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
+from draftgen.store.index import read_index
 from draftgen.store.layout import RunLayout
 
 log = logging.getLogger("draftgen.store")
-
-_ID_PREFIX = re.compile(rb'^\{"id":"((?:[^"\\]|\\.)*)"', re.MULTILINE)
-
 
 @dataclass
 class TornTail:
@@ -37,6 +33,8 @@ class DatasetOnDisk:
     failed_attempts: Counter[str] = field(default_factory=Counter)
     failure_kinds: Counter[str] = field(default_factory=Counter)
     bad_lines: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
 
 
 def cut_torn_tail(path: Path, keep_in: Path) -> TornTail | None:
@@ -76,27 +74,18 @@ def _last_newline_end(f, size: int, block: int = 1 << 16) -> int:
     return 0
 
 
-def completed_ids(path: Path, into: DatasetOnDisk) -> None:
-    """Collect the IDs of a responses.jsonl (after its torn tail was cut)."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        lines = _count_newlines(f)
-        found = 0
-        for m in _ID_PREFIX.finditer(mm):
-            found += 1
-            raw = m.group(1)
-            rid = raw.decode() if b"\\" not in raw else orjson.loads(b'"' + raw + b'"')
-            if rid in into.done:
-                into.duplicates += 1
-            else:
-                into.done.add(rid)
-        into.bad_lines += lines - found
-
-
-def _count_newlines(f, block: int = 1 << 22) -> int:
-    f.seek(0)
-    return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(block), b""))
+def completed(layout: RunLayout, dataset: str, into: DatasetOnDisk) -> None:
+    """IDs, output tokens and cost of the records on disk, through the dataset's index
+    (caught up with the data first)."""
+    entries, into.bad_lines = read_index(layout.index(dataset), layout.responses(dataset),
+                                         repair=True)
+    for entry in entries:
+        if entry.id in into.done:
+            into.duplicates += 1
+            continue
+        into.done.add(entry.id)
+        into.output_tokens += entry.out
+        into.cost += entry.cost
 
 
 def failed_attempts(path: Path, into: DatasetOnDisk) -> None:
@@ -125,7 +114,7 @@ def scan_dataset(layout: RunLayout, dataset: str) -> tuple[DatasetOnDisk, list[T
         log.warning("%s: cut a torn last line (%d bytes, kept in %s)", t.path, t.bytes_cut,
                     layout.torn(dataset).name)
     on_disk = DatasetOnDisk()
-    completed_ids(layout.responses(dataset), on_disk)
+    completed(layout, dataset, on_disk)
     failed_attempts(layout.failures(dataset), on_disk)
     if on_disk.duplicates:
         log.warning("%s: %d duplicate answer lines", layout.responses(dataset), on_disk.duplicates)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.store.appender import JsonlAppender
+from draftgen.store.index import entry_for
 from draftgen.store.layout import RunLayout
 
 
@@ -23,8 +24,16 @@ class Store:
         return appender
 
     def append_record(self, dataset: str, record: dict[str, Any]) -> None:
-        """`record` must have "id" as its first key (the resume scan reads it from the prefix)."""
-        self._appender(self.layout.responses(dataset)).append(record)
+        """Append the record, then its index entry (a kill between the two is repaired from
+        the data on the next scan)."""
+        data = self._appender(self.layout.responses(dataset))
+        data.append(record)
+        entry = entry_for(record, data.size)
+        self._appender(self.layout.index(dataset)).append_bytes(entry.to_json())
+
+    def journal(self, event: dict[str, Any]) -> None:
+        """One line of RUN/journal.jsonl: sent / answered / failed / dropped requests."""
+        self._appender(self.layout.journal).append(event)
 
     def append_failure(self, dataset: str, failure: dict[str, Any]) -> None:
         self._appender(self.layout.failures(dataset)).append(failure)

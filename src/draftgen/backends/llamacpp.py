@@ -1,0 +1,128 @@
+"""llama.cpp's `llama-server`: the `llamacpp` backend type, two endpoints.
+
+- `endpoint: native` (default): `POST /completion` with the prompt as the token IDs rendered by
+  draftgen's format and `return_tokens: true`; the engine's sampled IDs come back in `tokens`.
+  The exact path, like SGLang's `/generate`.
+- `endpoint: chat`: the OpenAI chat endpoint (`OpenAIChatBackend`), asking for
+  `logprobs: true, top_logprobs: 1`: llama-server puts each sampled token's `id` and `bytes` in
+  its logprob entry, so the IDs can be recovered without re-encoding the text.
+
+A backend with `model:` instead of `url:` runs on a server draftgen starts
+(`backends/managed_llamacpp.py`); by the time a backend is made its config carries that URL.
+
+Response fields of `/completion` (llama-server b11434, tools/server/server-task.cpp):
+`content`, `tokens`, `id_slot`, `stop`, `model`, `tokens_predicted`, `tokens_evaluated`,
+`generation_settings`, `prompt`, `has_new_line`, `truncated`, `stop_type`
+("none" | "eos" | "word" | "limit"), `stopping_word`, `tokens_cached`, `timings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftgen.backends.base import Backend, Capabilities
+from draftgen.backends.openai_chat import OpenAIChatBackend
+from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
+from draftgen.types import BackendError, Prompt, RawAnswer, Usage
+
+# llama-server `stop_type` → OpenAI finish_reason (the same mapping its own chat endpoint uses).
+_FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+
+
+def _base_url(cfg: BackendConfig) -> str:
+    if cfg.url is None:
+        raise BackendError(
+            "not_started",
+            f"backend {cfg.name!r}: no url; a llamacpp backend with `model:` needs its managed "
+            "server started first (managed_llamacpp.ManagedServers)",
+            retryable=False, permanent_for_backend=True,
+        )
+    return cfg.url
+
+
+class LlamaCppNativeBackend(Backend):
+    """`POST /completion` with token IDs in, token IDs out."""
+
+    capabilities = Capabilities(native_ids=True, needs_prompt_ids=True, reports_cost=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.url = _base_url(self.cfg) + "/completion"
+
+    def build_body(self, input_ids: list[int], max_tokens: int) -> dict[str, Any]:
+        s = self.sampling
+        body: dict[str, Any] = {
+            "prompt": input_ids,
+            "n_predict": max_tokens,
+            "return_tokens": True,
+            "cache_prompt": True,
+            "stream": False,
+        }
+        for key in ("temperature", "top_p", "top_k", "seed"):
+            value = getattr(s, key)
+            if value is not None:
+                body[key] = value
+        body.update(s.extra)
+        body.update(self.cfg.extra_body)
+        return body
+
+    async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
+        data, _ = await self.post_json(self.url, self.build_body(input_ids, max_tokens))
+        return answer_from_completion(data)
+
+
+def answer_from_completion(data: Any) -> RawAnswer:
+    if not isinstance(data, dict) or not isinstance(data.get("tokens"), list):
+        raise BackendError("bad_response", "/completion answer has no tokens list "
+                           "(is return_tokens supported by this llama-server?)", retryable=True)
+    stop_type = data.get("stop_type")
+    finish = _FINISH.get(stop_type) if isinstance(stop_type, str) else None
+    if finish is None:
+        raise BackendError("bad_response", f"/completion answer with stop_type {stop_type!r}",
+                           retryable=True)
+    tokens = data["tokens"]
+    if not tokens:
+        raise BackendError("empty_answer", "/completion returned no tokens", retryable=True)
+    timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
+    cached = timings.get("cache_n")
+    return RawAnswer(
+        finish_reason=finish,
+        usage=Usage(
+            prompt_tokens=_int(data.get("tokens_evaluated")),
+            completion_tokens=_int(data.get("tokens_predicted")),
+            cached_tokens=_int(cached),
+        ),
+        model=data.get("model") if isinstance(data.get("model"), str) else None,
+        output_ids=tokens,
+        text=data.get("content") if isinstance(data.get("content"), str) else None,
+    )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class LlamaCppChatBackend(OpenAIChatBackend):
+    """The OpenAI chat endpoint of llama-server, with per-token logprobs (IDs and bytes)."""
+
+    def __init__(self, cfg: BackendConfig, model: ModelConfig, sampling: SamplingConfig) -> None:
+        _base_url(cfg)
+        super().__init__(cfg, model, sampling)
+        self.capabilities = Capabilities(native_ids=False, needs_prompt_ids=False,
+                                         reports_cost=False)
+
+    def build_body(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+        body = super().build_body(prompt, max_tokens)
+        # The base class asks for them when `logprobs: true` (the default); `logprobs: false`
+        # gives the text-only path (IDs reconstructed from text).
+        if getattr(self.cfg, "logprobs", True) and "logprobs" not in body:
+            body["logprobs"] = True
+            body["top_logprobs"] = 1
+        return body
+
+
+def make_llamacpp_backend(cfg: BackendConfig, model: ModelConfig,
+                          sampling: SamplingConfig) -> Backend:
+    if cfg.endpoint == "chat":
+        return LlamaCppChatBackend(cfg, model, sampling)
+    return LlamaCppNativeBackend(cfg, model, sampling)

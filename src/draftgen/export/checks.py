@@ -1,0 +1,90 @@
+"""Row checks done at export time.
+
+Two kinds, handled differently:
+
+* structure (`structure_problem`, `mask_problem`): a record that cannot become a sound
+  training row (no prompt or no answer IDs, IDs that are not integers) and a finished row whose
+  mask is all-zero, all-one or not as long as its IDs. Exporting such a row would silently train
+  nothing or the wrong thing, so the export fails naming the record (unless `--skip-broken`).
+* audit (`audit_problems`): answers whose tokens are suspect: a finished answer that does not
+  end with the format's stop token, a cut-off one that does, a stop token in the middle, or a
+  special-token string found inside reasoning/content text (reconstructed IDs would hold a
+  control token the model never emitted there). These are excluded by default with the reason
+  counted (`--no-checks` keeps them). Stop-token checks need the run's format and tokenizer;
+  without them they are skipped and the summary says so.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+FINISHED = frozenset({"stop", "tool_calls"})
+"""finish_reason values that mean the model ended its turn (so emitted the stop token)."""
+CUT_OFF = frozenset({"length"})
+
+
+class BrokenRow(Exception):
+    """A row that must not be written; the message names the record."""
+
+
+def _is_id_list(value: Any) -> bool:
+    """A list of non-negative integers (checked in C: long answers have 100k+ tokens)."""
+    if not isinstance(value, list):
+        return False
+    try:
+        ids = array("q", value)
+    except (TypeError, OverflowError):
+        return False
+    return not ids or int(np.frombuffer(ids, dtype=np.int64).min()) >= 0
+
+
+def structure_problem(record: dict[str, Any]) -> str | None:
+    """Why this record cannot become a training row, or None."""
+    if not isinstance(record.get("id"), str):
+        return "record has no string id"
+    for key in ("input_ids", "output_ids"):
+        if key not in record:
+            return f"{key} missing"
+        if not _is_id_list(record[key]):
+            return f"{key} is not a list of token IDs"
+    if not record["input_ids"]:
+        return "empty input_ids (no prompt: the loss mask would be all-one)"
+    if not record["output_ids"]:
+        return "empty output_ids (no answer: the loss mask would be all-zero)"
+    return None
+
+
+def mask_problem(input_ids: Sequence[int], loss_mask: Sequence[int]) -> str | None:
+    """Why a finished row's mask is broken, or None."""
+    if len(loss_mask) != len(input_ids):
+        return f"loss_mask has {len(loss_mask)} entries for {len(input_ids)} input_ids"
+    ones = loss_mask.count(1)
+    if ones + loss_mask.count(0) != len(loss_mask):
+        stray = next(m for m in loss_mask if m not in (0, 1))
+        return f"loss_mask holds {stray!r} (only 0 and 1 allowed)"
+    if ones == 0:
+        return "loss_mask is all zero (nothing to train on)"
+    if ones == len(loss_mask):
+        return "loss_mask is all one (the prompt would be trained on)"
+    return None
+
+
+def audit_problems(record: dict[str, Any], stop_id: int | None) -> list[str]:
+    """Audit reasons to exclude this answer (empty when it passes)."""
+    problems = [f for f in record.get("flags") or [] if str(f).startswith("special_token_in_")]
+    ids = record.get("output_ids") or []
+    if stop_id is None or not ids:
+        return problems
+    finish = record.get("finish_reason")
+    ends_with_stop = ids[-1] == stop_id
+    if finish in FINISHED and not ends_with_stop:
+        problems.append("stop_token_missing")
+    if finish in CUT_OFF and ends_with_stop:
+        problems.append("stop_token_on_cut_off_answer")
+    if stop_id in ids[:-1]:
+        problems.append("stop_token_inside_answer")
+    return problems

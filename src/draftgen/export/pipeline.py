@@ -1,0 +1,337 @@
+"""`draftgen export`: run folder → filters → weights, caps → order, split → trainer files.
+
+Memory stays flat in the number of answers:
+
+* records are streamed from each responses.jsonl and rows written in batches;
+* caps take a first pass that keeps at most N order keys (8 bytes each) per capped dataset;
+* the shuffle is external: each kept row's record goes to one of K bucket files by the top
+  bits of its order key (K ≈ input bytes / 64 MiB, at most 4096 and what the open-file limit
+  allows), then the buckets are read back in key order, each sorted in memory. Peak memory is
+  about one bucket (twice its size while it is split into lines), so it stays near 64 MiB of
+  records up to 256 GB of input and grows slowly past that.
+
+The export is written into a staging folder next to --out and moved into place when complete,
+so a failed export leaves no partial output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from draftgen.export.checks import BrokenRow
+from draftgen.export.options import ExportError, ExportFormat, ExportOptions
+from draftgen.export.rows import TrainRow, build_row, sampling
+from draftgen.export.select import CapFinder, DatasetTally, Pick, Selector
+from draftgen.export.source import (
+    FileScan,
+    Record,
+    RunSource,
+    RunTokenizer,
+    SourceError,
+    iter_jsonl,
+    load_run_tokenizer,
+    open_run,
+    report_scan,
+)
+from draftgen.export.writers import ParquetSink, Sink, SpecForgeSink, SpeculatorsSink
+
+log = logging.getLogger("draftgen.export")
+
+MANIFEST = "draftgen_export.json"
+
+
+@dataclass
+class ExportSummary:
+    out: Path
+    options: ExportOptions
+    tallies: dict[str, DatasetTally] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def written(self, split: str | None = None) -> int:
+        return sum(t.written[split] if split else sum(t.written.values())
+                   for t in self.tallies.values())
+
+
+def export_run(run_dir: Path, opts: ExportOptions) -> ExportSummary:
+    """Export a run folder as `opts` says. Raises ExportError (nothing written to opts.out)."""
+    started = time.monotonic()
+    opts.validate()
+    try:
+        source = open_run(run_dir)
+    except SourceError as e:
+        raise ExportError(str(e)) from None
+    datasets = _pick_datasets(source, opts)
+    tok = _tokenizer(source, opts)
+    summary = ExportSummary(out=opts.out, options=opts)
+    summary.tallies = {d: DatasetTally() for d in datasets}
+    summary.notes = _notes(source, opts, tok)
+    selector = Selector(opts, tok.stop_token_id)
+    staging = _staging_dir(opts)
+    try:
+        if opts.caps:
+            selector.thresholds = _cap_thresholds(source, datasets, selector, opts.caps)
+        sink = _make_sink(opts, staging, source, tok, run_dir)
+        picks = _picks(source, datasets, selector, summary)
+        rows = (_sorted_by_key(picks, source, datasets, opts, staging) if opts.shuffle else picks)
+        _write_rows(rows, sink, opts, summary)
+        summary.files = [opts.out / p.relative_to(staging) for p in sink.close()]
+        summary.seconds = time.monotonic() - started
+        _write_manifest(staging, run_dir, summary)
+        _move_into_place(staging, opts)
+    except BrokenRow as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ExportError(f"broken row, nothing written: {e}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return summary
+
+
+# ---- set-up ---------------------------------------------------------------------------------
+
+
+def _pick_datasets(source: RunSource, opts: ExportOptions) -> list[str]:
+    present = [d for d in source.datasets if d in source.responses]
+    wanted = opts.datasets or present
+    unknown = sorted(set(wanted) - set(present))
+    if unknown:
+        raise ExportError(f"no answers for dataset(s) {', '.join(unknown)} in {source.root} "
+                          f"(datasets with answers: {', '.join(present) or 'none'})")
+    for what, names in (("--cap", opts.caps), ("--weight", opts.weights)):
+        stray = sorted(set(names) - set(wanted))
+        if stray:
+            raise ExportError(f"{what} names dataset(s) not exported: {', '.join(stray)}")
+    return list(dict.fromkeys(wanted))
+
+
+def _tokenizer(source: RunSource, opts: ExportOptions) -> RunTokenizer:
+    needs_text = opts.format is ExportFormat.speculators and opts.text
+    if not (needs_text or opts.checks):
+        return RunTokenizer(None, None, "not needed")
+    return load_run_tokenizer(source, opts.tokenizer)
+
+
+def _notes(source: RunSource, opts: ExportOptions, tok: RunTokenizer) -> list[str]:
+    notes = []
+    if source.live:
+        notes.append("a draftgen run is live on this folder: exported a snapshot of the answers "
+                     "present when the export started")
+    if opts.format is ExportFormat.speculators:
+        if not opts.text:
+            notes.append("text column left out (--no-text)")
+        elif tok.tokenizer is None:
+            notes.append(f"text column left out: the run's tokenizer is unavailable "
+                         f"({tok.note}); pass --tokenizer PATH to decode it")
+        else:
+            notes.append("text decoded from input_ids with the run's tokenizer "
+                         "(special tokens kept)")
+    if opts.checks and tok.stop_token_id is None:
+        notes.append(f"stop-token checks skipped: the run's format/tokenizer is unavailable "
+                     f"({tok.note})")
+    if opts.max_len is not None:
+        how = ("dropped" if opts.overlong.value == "drop"
+               else "cut to max-len (prompt kept whole; answer tail lost)")
+        notes.append(f"rows longer than {opts.max_len} tokens were {how}")
+    order = f"shuffled (seed {opts.seed})" if opts.shuffle else "in run order"
+    notes.append(f"rows {order}")
+    return notes
+
+
+def _staging_dir(opts: ExportOptions) -> Path:
+    out = opts.out
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not opts.overwrite:
+        raise ExportError(f"--out {out}: folder is not empty (pass --overwrite to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+
+
+def _make_sink(opts: ExportOptions, staging: Path, source: RunSource, tok: RunTokenizer,
+               run_dir: Path) -> Sink:
+    if opts.format is ExportFormat.speculators:
+        seed = f"{run_dir.resolve()}\x00{opts!r}"
+        return SpeculatorsSink(staging, opts.splits, sampling(source.sampling),
+                               tok.tokenizer if opts.text else None, opts.jsonl, seed)
+    if opts.format is ExportFormat.specforge:
+        return SpecForgeSink(staging, opts.splits)
+    return ParquetSink(staging, opts.splits)
+
+
+# ---- reading and choosing -------------------------------------------------------------------
+
+
+def _records(source: RunSource, dataset: str, tally: DatasetTally | None = None
+             ) -> Iterator[Record]:
+    scan = FileScan()
+    yield from iter_jsonl(source.responses[dataset], scan)
+    if tally is not None:
+        tally.torn_tail_bytes = scan.torn_tail_bytes
+        tally.bad_lines = len(scan.bad_lines)
+        report_scan(source.responses[dataset].path, scan)
+
+
+def _cap_thresholds(source: RunSource, datasets: list[str], selector: Selector,
+                    caps: dict[str, int]) -> dict[str, int | None]:
+    """First pass: per capped dataset, the largest order key among its N smallest."""
+    out: dict[str, int | None] = {}
+    for d in datasets:
+        if d not in caps:
+            continue
+        finder = CapFinder(caps[d])
+        for record in _records(source, d):
+            if selector.exclusion(d, record) is None:
+                finder.add(selector.order_keys(d, record["id"]))
+        out[d] = finder.threshold()
+    return out
+
+
+Item = tuple[str, Record, Pick]
+
+
+def _picks(source: RunSource, datasets: list[str], selector: Selector,
+           summary: ExportSummary) -> Iterator[Item]:
+    """Every row to write, in run order, with exclusions counted."""
+    for d in datasets:
+        tally = summary.tallies[d]
+        for record in _records(source, d, tally):
+            tally.records += 1
+            reason = selector.exclusion(d, record)
+            if reason:
+                tally.excluded[reason] += 1
+                continue
+            if selector.copies(d, record["id"]) == 0:
+                tally.excluded["weight"] += 1
+                continue
+            picks = selector.picks(d, record["id"])
+            if not picks:
+                tally.excluded["cap"] += 1
+                continue
+            tally.extra_copies += len(picks) - 1
+            for pick in picks:
+                yield d, record, pick
+
+
+# ---- the external shuffle -------------------------------------------------------------------
+
+
+def _bucket_count(source: RunSource, datasets: list[str], opts: ExportOptions) -> int:
+    size = source.responses_bytes(datasets)
+    wanted = max(1, min(opts.max_buckets, -(-size // opts.bucket_bytes)))
+    return min(wanted, _open_file_budget(wanted))
+
+
+def _open_file_budget(wanted: int, spare: int = 64) -> int:
+    """How many bucket files may be open at once, raising the soft limit when allowed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted + spare:
+        target = wanted + spare if hard == resource.RLIM_INFINITY else min(wanted + spare, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, soft - spare)
+
+
+def _sorted_by_key(items: Iterator[Item], source: RunSource, datasets: list[str],
+                   opts: ExportOptions, staging: Path) -> Iterator[Item]:
+    """The items in order-key order, through K bucket files (range-partitioned by key)."""
+    k = _bucket_count(source, datasets, opts)
+    folder = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}.shuffle-", dir=staging.parent))
+    try:
+        paths = [folder / f"{i:04d}.bin" for i in range(k)]
+        with contextlib.ExitStack() as stack:
+            files: list[IO[bytes]] = [stack.enter_context(open(p, "wb", buffering=1 << 16))
+                                      for p in paths]
+            for dataset, record, pick in items:
+                files[(pick.key * k) >> 64].write(_spill_line(dataset, record, pick))
+        for path in paths:
+            yield from _read_bucket(path)
+            path.unlink()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _spill_line(dataset: str, record: Record, pick: Pick) -> bytes:
+    head = f"{pick.key:016x}\t{pick.copy}\t{pick.split}\t{dataset}\t".encode()
+    return head + orjson.dumps(record) + b"\n"
+
+
+def _read_bucket(path: Path) -> Iterator[Item]:
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    del data
+    lines.pop()  # after the last newline
+    lines.sort()  # the fixed-width hex key comes first
+    for line in lines:
+        key, copy, split, dataset, body = line.split(b"\t", 4)
+        pick = Pick(int(key, 16), int(copy), split.decode())
+        yield dataset.decode(), orjson.loads(body), pick
+
+
+# ---- writing --------------------------------------------------------------------------------
+
+
+def _write_rows(items: Iterator[Item], sink: Sink, opts: ExportOptions,
+                summary: ExportSummary) -> None:
+    batches: dict[str, list[TrainRow]] = {s: [] for s in opts.splits}
+    max_len = opts.max_len if opts.overlong.value == "truncate" else None
+    for dataset, record, pick in items:
+        row = build_row(dataset, record, pick.split, max_len)
+        tally = summary.tallies[dataset]
+        tally.written[pick.split] += 1
+        tally.truncated_to_max_len += row.cut
+        batch = batches[pick.split]
+        batch.append(row)
+        if len(batch) >= opts.batch_rows:
+            sink.write(pick.split, batch)
+            batches[pick.split] = []
+    for split, batch in batches.items():
+        if batch:
+            sink.write(split, batch)
+
+
+def _write_manifest(staging: Path, run_dir: Path, summary: ExportSummary) -> None:
+    opts = summary.options
+    data: dict[str, Any] = {
+        "run_dir": str(run_dir.resolve()),
+        "created_at": round(time.time(), 3),
+        "options": {k: (v.value if hasattr(v, "value") else str(v) if isinstance(v, Path) else v)
+                    for k, v in vars(opts).items()},
+        "written": {s: summary.written(s) for s in opts.splits},
+        "datasets": {d: {"records": t.records, "written": dict(t.written),
+                         "excluded": dict(t.excluded), "extra_copies": t.extra_copies,
+                         "truncated_to_max_len": t.truncated_to_max_len,
+                         "torn_tail_bytes": t.torn_tail_bytes, "bad_lines": t.bad_lines}
+                     for d, t in summary.tallies.items()},
+        "files": [str(f.relative_to(opts.out)) for f in summary.files],
+        "notes": summary.notes,
+    }
+    (staging / MANIFEST).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    summary.files.append(opts.out / MANIFEST)
+
+
+def _move_into_place(staging: Path, opts: ExportOptions) -> None:
+    out = opts.out
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, out)

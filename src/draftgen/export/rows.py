@@ -1,0 +1,165 @@
+"""A record turned into a training row, and the row shapes each trainer reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from draftgen.export.checks import BrokenRow, mask_problem
+
+Record = dict[str, Any]
+
+USAGE_INT_FIELDS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")
+
+
+@dataclass(slots=True)
+class TrainRow:
+    dataset: str
+    record: Record
+    input_ids: list[int]
+    """Prompt IDs then answer IDs (cut at --max-len when truncating)."""
+    loss_mask: list[int]
+    prompt_len: int
+    answer_len: int
+    """Answer tokens kept in the row."""
+    cut: bool
+    """Cut at --max-len."""
+    split: str
+
+    @property
+    def id(self) -> str:
+        return self.record["id"]
+
+
+def build_row(dataset: str, record: Record, split: str, max_len: int | None) -> TrainRow:
+    """input_ids = prompt + answer, loss_mask 0 on the prompt and 1 on the answer, cut to
+    max_len when given. Raises BrokenRow when the mask is not sound."""
+    prompt: list[int] = record["input_ids"]
+    answer: list[int] = record["output_ids"]
+    ids = prompt + answer
+    mask = [0] * len(prompt) + [1] * len(answer)
+    cut = max_len is not None and len(ids) > max_len
+    if cut:
+        ids, mask = ids[:max_len], mask[:max_len]
+    row = TrainRow(dataset, record, ids, mask, len(prompt), len(ids) - len(prompt), cut, split)
+    check_row(row)
+    return row
+
+
+def check_row(row: TrainRow) -> None:
+    problem = mask_problem(row.input_ids, row.loss_mask)
+    if problem:
+        raise BrokenRow(f"record {row.id!r} (dataset {row.dataset}): {problem}")
+
+
+# ---- normalized metadata --------------------------------------------------------------------
+
+
+def usage(record: Record) -> dict[str, Any]:
+    raw = record.get("usage") if isinstance(record.get("usage"), dict) else {}
+    out: dict[str, Any] = {k: _int(raw.get(k)) for k in USAGE_INT_FIELDS}
+    out["cost"] = _float(raw.get("cost"))
+    return out
+
+
+def sampling(config_sampling: dict[str, Any]) -> dict[str, Any]:
+    """run.json's config.sampling with fixed fields; `extra` (free-form) as a JSON string."""
+    extra = config_sampling.get("extra")
+    return {
+        "temperature": _float(config_sampling.get("temperature")),
+        "top_p": _float(config_sampling.get("top_p")),
+        "top_k": _int(config_sampling.get("top_k")),
+        "max_tokens": _int(config_sampling.get("max_tokens")),
+        "seed": _int(config_sampling.get("seed")),
+        "extra": orjson.dumps(extra).decode() if extra else None,
+    }
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+# ---- trainer row shapes ---------------------------------------------------------------------
+
+
+def speculators_row(row: TrainRow, sampling_meta: dict[str, Any], text: str | None,
+                    with_text: bool) -> dict[str, Any]:
+    rec = row.record
+    out: dict[str, Any] = {"input_ids": row.input_ids, "loss_mask": row.loss_mask}
+    if with_text:
+        out["text"] = text
+    out["metadata"] = {
+        "id": row.id,
+        "dataset": row.dataset,
+        "finish_reason": _str(rec.get("finish_reason")),
+        "usage": usage(rec),
+        "cost_usd": _float(rec.get("cost_usd")),
+        "backend": _str(rec.get("backend")),
+        "provider": _str(rec.get("provider")),
+        "quantization": _str(rec.get("quantization")),
+        "model": _str(rec.get("model")),
+        "sampling": sampling_meta,
+        "token_source": _str(rec.get("token_source")),
+        "token_check": _str(rec.get("token_check")),
+    }
+    return out
+
+
+def pretokenized_row(row: TrainRow) -> dict[str, Any]:
+    return {"input_ids": row.input_ids, "loss_mask": row.loss_mask}
+
+
+def conversation_row(row: TrainRow) -> dict[str, Any]:
+    """SpecForge conversations: the prompt messages, then the answer as an assistant turn."""
+    rec = row.record
+    answer: dict[str, Any] = {"role": "assistant", "content": rec.get("content") or ""}
+    if rec.get("reasoning") is not None:
+        answer["reasoning_content"] = rec["reasoning"]
+    if rec.get("tool_calls"):
+        answer["tool_calls"] = rec["tool_calls"]
+    out: dict[str, Any] = {"id": row.id, "conversations": [*(rec.get("messages") or []), answer]}
+    if rec.get("tools"):
+        out["tools"] = rec["tools"]
+    return out
+
+
+def flat_row(row: TrainRow) -> dict[str, Any]:
+    """One parquet row: IDs, mask and flat metadata columns."""
+    rec = row.record
+    use = usage(rec)
+    created = _float(rec.get("created_at"))
+    return {
+        "id": row.id,
+        "dataset": row.dataset,
+        "split": row.split,
+        "input_ids": row.input_ids,
+        "loss_mask": row.loss_mask,
+        "prompt_len": row.prompt_len,
+        "answer_len": row.answer_len,
+        "cut_to_max_len": row.cut,
+        "finish_reason": _str(rec.get("finish_reason")),
+        "token_source": _str(rec.get("token_source")),
+        "token_check": _str(rec.get("token_check")),
+        "flags": [str(f) for f in rec.get("flags") or []],
+        "backend": _str(rec.get("backend")),
+        "provider": _str(rec.get("provider")),
+        "quantization": _str(rec.get("quantization")),
+        "model": _str(rec.get("model")),
+        **{f"usage_{k}": v for k, v in use.items()},
+        "cost_usd": _float(rec.get("cost_usd")),
+        "latency_s": _float(rec.get("latency_s")),
+        "retries": _int(rec.get("retries")),
+        "created_at": None if created is None else round(created * 1000),
+    }

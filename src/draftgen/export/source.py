@@ -1,0 +1,221 @@
+"""Reading a run folder without touching it: run.json, the tokenizer it names, and the records
+of every `RUN/<dataset>/responses.jsonl`, streamed line by line.
+
+Each file is read up to the size it had when the folder was opened (a snapshot), so several
+passes over a folder that a live run is still appending to see the same lines. A last line
+without its newline (torn by a kill, or still being written) is skipped and reported, never cut:
+nothing here writes in the run folder.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from draftgen.formats import Format, FormatError, get_format
+from draftgen.store.layout import FAILURES, RESPONSES, RunLayout
+from draftgen.store.lock import lock_holder
+from draftgen.store.runinfo import read_run_json
+from draftgen.tokenize import Tokenizer, TokenizerError, load_tokenizer
+
+log = logging.getLogger("draftgen.export")
+
+Record = dict[str, Any]
+
+
+class SourceError(Exception):
+    """The run folder cannot be read as one."""
+
+
+@dataclass
+class FileScan:
+    """What reading one JSONL file found besides its records."""
+
+    torn_tail_bytes: int = 0
+    """Bytes after the last newline (a torn last line), skipped."""
+    bad_lines: list[int] = field(default_factory=list)
+    """1-based numbers of complete lines that are not JSON objects."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    path: Path
+    size: int
+
+
+@dataclass
+class RunSource:
+    """A run folder opened for reading."""
+
+    root: Path
+    run_json: dict[str, Any]
+    responses: dict[str, Snapshot]
+    failures: dict[str, Snapshot]
+    live: bool
+    """A draftgen run held the folder's lock when it was opened."""
+
+    @property
+    def datasets(self) -> list[str]:
+        return sorted(set(self.responses) | set(self.failures))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        cfg = self.run_json.get("config")
+        return cfg if isinstance(cfg, dict) else {}
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        sampling = self.config.get("sampling")
+        return sampling if isinstance(sampling, dict) else {}
+
+    @property
+    def format_name(self) -> str | None:
+        model = self.config.get("model")
+        name = model.get("format") if isinstance(model, dict) else None
+        return name if isinstance(name, str) else None
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        tok = self.run_json.get("tokenizer")
+        path = tok.get("path") if isinstance(tok, dict) else None
+        return path if isinstance(path, str) else None
+
+    def responses_bytes(self, datasets: list[str]) -> int:
+        return sum(self.responses[d].size for d in datasets if d in self.responses)
+
+
+def open_run(root: Path) -> RunSource:
+    """Read run.json and take a snapshot of every dataset file's size."""
+    if not root.is_dir():
+        raise SourceError(f"{root}: not a folder")
+    layout = RunLayout(root)
+    names = layout.dataset_names()
+    if not names and not layout.run_json.exists():
+        raise SourceError(f"{root}: not a draftgen run folder (no run.json, no dataset folders)")
+    responses: dict[str, Snapshot] = {}
+    failures: dict[str, Snapshot] = {}
+    for name in names:
+        for file, into in ((RESPONSES, responses), (FAILURES, failures)):
+            path = root / name / file
+            if path.is_file():
+                into[name] = Snapshot(path, path.stat().st_size)
+    try:
+        run_json = read_run_json(layout.run_json)
+    except (OSError, orjson.JSONDecodeError) as e:
+        raise SourceError(f"{layout.run_json}: cannot read: {e}") from None
+    return RunSource(root, run_json, responses, failures, live=lock_holder(layout.lock) is not None)
+
+
+def iter_jsonl(snapshot: Snapshot, scan: FileScan, block: int = 1 << 20) -> Iterator[Record]:
+    """The JSON objects of a JSONL file up to its snapshot size, one at a time."""
+    with open(snapshot.path, "rb") as f:
+        remaining = snapshot.size
+        pending = b""
+        lineno = 0
+        while remaining > 0:
+            chunk = f.read(min(block, remaining))
+            if not chunk:
+                break  # the file shrank under us: read what there is
+            remaining -= len(chunk)
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                lineno += 1
+                record = _parse(line)
+                if record is None:
+                    if line.strip():
+                        scan.bad_lines.append(lineno)
+                    continue
+                yield record
+        scan.torn_tail_bytes = len(pending)
+
+
+def _parse(line: bytes) -> Record | None:
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def report_scan(path: Path, scan: FileScan) -> None:
+    if scan.torn_tail_bytes:
+        log.warning("%s: skipped a torn last line (%d bytes without a newline)", path,
+                    scan.torn_tail_bytes)
+    if scan.bad_lines:
+        shown = ", ".join(str(n) for n in scan.bad_lines[:5])
+        log.warning("%s: skipped %d lines that are not JSON objects (lines %s%s)", path,
+                    len(scan.bad_lines), shown, ", …" if len(scan.bad_lines) > 5 else "")
+
+
+@dataclass
+class RunTokenizer:
+    """The run's tokenizer and format, when they can be loaded on this machine."""
+
+    tokenizer: Tokenizer | None
+    fmt: Format | None
+    note: str
+    """Why one is missing, or where it came from."""
+
+    @property
+    def stop_token_id(self) -> int | None:
+        if self.fmt is None:
+            return None
+        try:
+            return self.fmt.stop_token_id
+        except FormatError:
+            return None
+
+    @property
+    def end_think_id(self) -> int | None:
+        if self.fmt is None or self.tokenizer is None or not self.fmt.end_think_token:
+            return None
+        return self.tokenizer.token_to_id(self.fmt.end_think_token)
+
+
+_TOKENIZERS: dict[tuple[Path, int, int], Tokenizer] = {}
+
+
+def _cached_tokenizer(path: str) -> Tokenizer:
+    """Loading a large tokenizer.json takes a while; reuse it while the file is unchanged."""
+    p = Path(path).expanduser()
+    probe = p / "tokenizer.json" if (p / "tokenizer.json").is_file() else p
+    try:
+        stat = probe.stat()
+    except OSError:
+        return load_tokenizer(p)  # raises TokenizerError saying what is missing
+    key = (probe.resolve(), stat.st_mtime_ns, stat.st_size)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS.clear()
+        _TOKENIZERS[key] = load_tokenizer(p)
+    return _TOKENIZERS[key]
+
+
+def load_run_tokenizer(source: RunSource, override: Path | None = None) -> RunTokenizer:
+    """The tokenizer run.json names (or `override`) and the run's format, best effort."""
+    path = str(override) if override else source.tokenizer_path
+    if not path:
+        return RunTokenizer(None, None, "run.json names no tokenizer")
+    try:
+        tok = _cached_tokenizer(path)
+    except TokenizerError as e:
+        return RunTokenizer(None, None, str(e))
+    note = f"tokenizer {tok.path}"
+    expected = (source.run_json.get("tokenizer") or {}).get("sha256")
+    if override is None and expected and expected != tok.sha256:
+        note += " (its sha256 differs from the one in run.json: the file changed since the run)"
+        log.warning("%s: sha256 differs from run.json's; using it anyway", tok.path)
+    fmt = None
+    if source.format_name:
+        try:
+            fmt = get_format(source.format_name, tok)
+        except FormatError as e:
+            note += f"; format unavailable: {e}"
+    else:
+        note += "; run.json names no model format"
+    return RunTokenizer(tok, fmt, note)

@@ -1,0 +1,195 @@
+"""The files each export format writes, streamed batch by batch.
+
+Layout of `--out OUT` (SPLIT is "train", plus "validation" with --val-fraction):
+
+* speculators: OUT is a `save_to_disk` folder: a Dataset, or with a split a DatasetDict
+  (OUT/dataset_dict.json, OUT/train/, OUT/validation/). `--jsonl` adds OUT/jsonl/SPLIT.jsonl.
+* specforge: OUT/pretokenized.jsonl and OUT/conversations.jsonl, or OUT/SPLIT/… with a split.
+* parquet: OUT/data.parquet, or OUT/train.parquet and OUT/validation.parquet with a split.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from draftgen.export.hfdisk import HFDiskWriter, write_dataset_dict
+from draftgen.export.rows import (
+    TrainRow,
+    conversation_row,
+    flat_row,
+    pretokenized_row,
+    speculators_row,
+)
+from draftgen.tokenize import Tokenizer
+
+IDS = pa.list_(pa.int32())
+USAGE = pa.struct([
+    ("prompt_tokens", pa.int64()),
+    ("completion_tokens", pa.int64()),
+    ("reasoning_tokens", pa.int64()),
+    ("cached_tokens", pa.int64()),
+    ("cost", pa.float64()),
+])
+SAMPLING = pa.struct([
+    ("temperature", pa.float64()),
+    ("top_p", pa.float64()),
+    ("top_k", pa.int64()),
+    ("max_tokens", pa.int64()),
+    ("seed", pa.int64()),
+    ("extra", pa.string()),
+])
+METADATA = pa.struct([
+    ("id", pa.string()),
+    ("dataset", pa.string()),
+    ("finish_reason", pa.string()),
+    ("usage", USAGE),
+    ("cost_usd", pa.float64()),
+    ("backend", pa.string()),
+    ("provider", pa.string()),
+    ("quantization", pa.string()),
+    ("model", pa.string()),
+    ("sampling", SAMPLING),
+    ("token_source", pa.string()),
+    ("token_check", pa.string()),
+])
+
+
+def speculators_schema(with_text: bool) -> pa.Schema:
+    fields = [pa.field("input_ids", IDS), pa.field("loss_mask", IDS)]
+    if with_text:
+        fields.append(pa.field("text", pa.string()))
+    fields.append(pa.field("metadata", METADATA))
+    return pa.schema(fields)
+
+
+FLAT_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("dataset", pa.string()),
+    ("split", pa.string()),
+    ("input_ids", IDS),
+    ("loss_mask", IDS),
+    ("prompt_len", pa.int32()),
+    ("answer_len", pa.int32()),
+    ("cut_to_max_len", pa.bool_()),
+    ("finish_reason", pa.string()),
+    ("token_source", pa.string()),
+    ("token_check", pa.string()),
+    ("flags", pa.list_(pa.string())),
+    ("backend", pa.string()),
+    ("provider", pa.string()),
+    ("quantization", pa.string()),
+    ("model", pa.string()),
+    ("usage_prompt_tokens", pa.int64()),
+    ("usage_completion_tokens", pa.int64()),
+    ("usage_reasoning_tokens", pa.int64()),
+    ("usage_cached_tokens", pa.int64()),
+    ("usage_cost", pa.float64()),
+    ("cost_usd", pa.float64()),
+    ("latency_s", pa.float64()),
+    ("retries", pa.int32()),
+    ("created_at", pa.timestamp("ms", tz="UTC")),
+])
+
+
+class Sink(ABC):
+    """Receives finished rows of one split at a time; `close` returns the files written."""
+
+    def __init__(self, out: Path, splits: list[str]) -> None:
+        self.out = out
+        self.splits = splits
+        out.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def has_split(self) -> bool:
+        return len(self.splits) > 1
+
+    @abstractmethod
+    def write(self, split: str, rows: list[TrainRow]) -> None: ...
+
+    @abstractmethod
+    def close(self) -> list[Path]: ...
+
+
+class JsonlFile:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._f: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed in close())
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        self._f.write(b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows))
+
+    def close(self) -> Path:
+        self._f.close()
+        return self.path
+
+
+class SpeculatorsSink(Sink):
+    def __init__(self, out: Path, splits: list[str], sampling: dict[str, Any],
+                 tokenizer: Tokenizer | None, jsonl: bool, fingerprint_seed: str) -> None:
+        super().__init__(out, splits)
+        self.sampling = sampling
+        self.tokenizer = tokenizer
+        schema = speculators_schema(tokenizer is not None)
+        self.arrow = {
+            s: HFDiskWriter(out / s if self.has_split else out, schema,
+                            s if self.has_split else None, fingerprint_seed=fingerprint_seed)
+            for s in splits
+        }
+        self.jsonl = {s: JsonlFile(out / "jsonl" / f"{s}.jsonl") for s in splits} if jsonl else {}
+
+    def _text(self, row: TrainRow) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode(row.input_ids)
+
+    def write(self, split: str, rows: list[TrainRow]) -> None:
+        with_text = self.tokenizer is not None
+        out = [speculators_row(r, self.sampling, self._text(r), with_text) for r in rows]
+        self.arrow[split].write(out)
+        if split in self.jsonl:
+            self.jsonl[split].write(out)
+
+    def close(self) -> list[Path]:
+        files = [p for w in self.arrow.values() for p in w.close()]
+        files += [f.close() for f in self.jsonl.values()]
+        if self.has_split:
+            write_dataset_dict(self.out, self.splits)
+        return files
+
+
+class SpecForgeSink(Sink):
+    def __init__(self, out: Path, splits: list[str]) -> None:
+        super().__init__(out, splits)
+        folder = {s: out / s if self.has_split else out for s in splits}
+        self.pretok = {s: JsonlFile(folder[s] / "pretokenized.jsonl") for s in splits}
+        self.convs = {s: JsonlFile(folder[s] / "conversations.jsonl") for s in splits}
+
+    def write(self, split: str, rows: list[TrainRow]) -> None:
+        self.pretok[split].write([pretokenized_row(r) for r in rows])
+        self.convs[split].write([conversation_row(r) for r in rows])
+
+    def close(self) -> list[Path]:
+        return [f.close() for files in (self.pretok, self.convs) for f in files.values()]
+
+
+class ParquetSink(Sink):
+    def __init__(self, out: Path, splits: list[str]) -> None:
+        super().__init__(out, splits)
+        self.paths = {s: out / (f"{s}.parquet" if self.has_split else "data.parquet")
+                      for s in splits}
+        self.writers = {s: pq.ParquetWriter(str(p), FLAT_SCHEMA, compression="zstd")
+                        for s, p in self.paths.items()}
+
+    def write(self, split: str, rows: list[TrainRow]) -> None:
+        table = pa.Table.from_pylist([flat_row(r) for r in rows], schema=FLAT_SCHEMA)
+        self.writers[split].write_table(table)
+
+    def close(self) -> list[Path]:
+        for w in self.writers.values():
+            w.close()
+        return list(self.paths.values())

@@ -1,0 +1,58 @@
+"""`draftgen report`: what a run did, as one self-contained HTML page plus PNGs.
+
+`collect` streams the run folder into counters and bounded samples, `plots` draws the figures,
+`page` renders the HTML. Nothing in the run folder is changed except the report folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftgen.export.source import SourceError, open_run
+from draftgen.report.collect import RunStats, collect
+
+__all__ = ["ReportError", "ReportResult", "RunStats", "collect", "default_out", "write_report"]
+
+
+class ReportError(Exception):
+    pass
+
+
+@dataclass
+class ReportResult:
+    index: Path
+    pngs: list[Path]
+    stats: RunStats
+
+
+def default_out(run_dir: Path) -> Path:
+    """RUN_DIR/report, unless a dataset of the run is called "report"."""
+    out = run_dir / "report"
+    if (out / "responses.jsonl").exists() or (out / "failures.jsonl").exists():
+        out = run_dir / "_report"
+    return out
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> ReportResult:
+    from draftgen.report.page import render
+    from draftgen.report.plots import PLOTS, png
+
+    try:
+        source = open_run(run_dir)
+    except SourceError as e:
+        raise ReportError(str(e)) from None
+    stats = collect(source)
+    out = out or default_out(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {name: png(plot(stats)) for name, plot in PLOTS.items()}
+    pngs = []
+    for name, data in figures.items():
+        path = out / f"{name}.png"
+        path.write_bytes(data)
+        pngs.append(path)
+    index = out / "index.html"
+    tmp = index.with_suffix(".html.tmp")
+    tmp.write_text(render(stats, figures), encoding="utf-8")
+    tmp.replace(index)
+    return ReportResult(index, pngs, stats)

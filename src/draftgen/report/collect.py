@@ -1,0 +1,230 @@
+"""One streaming pass over a run folder into counters and bounded samples.
+
+Memory does not grow with the number of answers: counts are counters, distributions are
+reservoir samples (at most `sample_cap` values each, 8 bytes a value), and the time series are
+per-minute bins.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftgen.export.source import (
+    FileScan,
+    RunSource,
+    iter_jsonl,
+    load_run_tokenizer,
+    report_scan,
+)
+
+SAMPLE_CAP = 200_000
+BIN_S = 60
+
+
+class Reservoir:
+    """A uniform sample of at most `cap` values (Vitter's algorithm R), seeded."""
+
+    def __init__(self, cap: int = SAMPLE_CAP, seed: int = 0) -> None:
+        self.cap = cap
+        self.seen = 0
+        self.values = array("d")
+        self._rng = random.Random(seed)
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.cap:
+            self.values.append(value)
+            return
+        j = self._rng.randrange(self.seen)
+        if j < self.cap:
+            self.values[j] = value
+
+    def percentile(self, q: float) -> float | None:
+        """Nearest-rank percentile of the sample (q in 0..100)."""
+        if not self.values:
+            return None
+        ordered = sorted(self.values)
+        rank = max(1, math.ceil(q / 100 * len(ordered)))
+        return ordered[rank - 1]
+
+
+@dataclass
+class DatasetStats:
+    answers: int = 0
+    failures: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float = 0.0
+    finish: Counter[str] = field(default_factory=Counter)
+    checks: Counter[str] = field(default_factory=Counter)
+    sources: Counter[str] = field(default_factory=Counter)
+    failure_kinds: Counter[str] = field(default_factory=Counter)
+    reasoning_len: Reservoir = field(default_factory=lambda: Reservoir(seed=1))
+    content_len: Reservoir = field(default_factory=lambda: Reservoir(seed=2))
+    latency: Reservoir = field(default_factory=lambda: Reservoir(seed=3))
+    torn_tail_bytes: int = 0
+    bad_lines: int = 0
+
+
+@dataclass
+class BackendStats:
+    answers: int = 0
+    failures: int = 0
+    cost: float = 0.0
+    output_tokens: int = 0
+    bins: dict[int, list[float]] = field(default_factory=dict)
+    """Minute index → [answers, cost] in that minute."""
+    latency: Reservoir = field(default_factory=lambda: Reservoir(seed=4))
+    failure_kinds: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class RunStats:
+    root: str
+    run_json: dict[str, Any]
+    datasets: dict[str, DatasetStats] = field(default_factory=dict)
+    backends: dict[str, BackendStats] = field(default_factory=dict)
+    providers: Counter[str] = field(default_factory=Counter)
+    """"provider · quantization" → answers."""
+    first_at: float | None = None
+    last_at: float | None = None
+    length_source: str = ""
+    live: bool = False
+
+    @property
+    def answers(self) -> int:
+        return sum(d.answers for d in self.datasets.values())
+
+    @property
+    def cost(self) -> float:
+        return sum(d.cost for d in self.datasets.values())
+
+    @property
+    def span_s(self) -> float:
+        if self.first_at is None or self.last_at is None:
+            return 0.0
+        return self.last_at - self.first_at
+
+    def backend(self, name: str) -> BackendStats:
+        return self.backends.setdefault(name, BackendStats())
+
+    def seen_at(self, t: float) -> None:
+        self.first_at = t if self.first_at is None else min(self.first_at, t)
+        self.last_at = t if self.last_at is None else max(self.last_at, t)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+class LengthSplitter:
+    """Reasoning vs content tokens of an answer: split at the format's end-of-reasoning token
+    when the run's tokenizer loads, else the engine's usage.reasoning_tokens."""
+
+    def __init__(self, end_think_id: int | None) -> None:
+        self.end_think_id = end_think_id
+
+    def split(self, record: dict[str, Any]) -> tuple[int | None, int]:
+        ids = record.get("output_ids") or []
+        total = len(ids)
+        if self.end_think_id is not None:
+            if self.end_think_id in ids:
+                cut = ids.index(self.end_think_id) + 1
+                return cut, total - cut
+            if record.get("reasoning") and not record.get("content"):
+                return total, 0  # cut off inside the reasoning
+            return 0, total
+        reasoning = _num((record.get("usage") or {}).get("reasoning_tokens"))
+        if reasoning is None:
+            return None, total
+        r = min(int(reasoning), total)
+        return r, total - r
+
+
+def answer_cost(record: dict[str, Any]) -> float:
+    """What the answer cost: the runner's cost_usd (reported, or priced by the backend), else
+    the usage.cost the backend reported."""
+    cost = _num(record.get("cost_usd"))
+    if cost is None:
+        usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
+        cost = _num(usage.get("cost"))
+    return cost or 0.0
+
+
+def collect(source: RunSource) -> RunStats:
+    tok = load_run_tokenizer(source)
+    splitter = LengthSplitter(tok.end_think_id)
+    stats = RunStats(str(source.root), source.run_json, live=source.live)
+    stats.length_source = (
+        "split at the end-of-reasoning token of the run's format" if tok.end_think_id is not None
+        else f"usage.reasoning_tokens as reported ({tok.note})"
+    )
+    for name in source.datasets:
+        ds = stats.datasets.setdefault(name, DatasetStats())
+        if name in source.responses:
+            _collect_answers(source, name, ds, stats, splitter)
+        if name in source.failures:
+            _collect_failures(source, name, ds, stats)
+    return stats
+
+
+def _collect_answers(source: RunSource, name: str, ds: DatasetStats, stats: RunStats,
+                     splitter: LengthSplitter) -> None:
+    scan = FileScan()
+    for record in iter_jsonl(source.responses[name], scan):
+        add_answer(record, ds, stats, splitter)
+    ds.torn_tail_bytes, ds.bad_lines = scan.torn_tail_bytes, len(scan.bad_lines)
+    report_scan(source.responses[name].path, scan)
+
+
+def add_answer(record: dict[str, Any], ds: DatasetStats, stats: RunStats,
+               splitter: LengthSplitter) -> None:
+    cost = answer_cost(record)
+    ids = record.get("output_ids") or []
+    ds.answers += 1
+    ds.output_tokens += len(ids)
+    ds.cost += cost
+    ds.finish[str(record.get("finish_reason"))] += 1
+    ds.checks[str(record.get("token_check"))] += 1
+    ds.sources[str(record.get("token_source"))] += 1
+    reasoning, content = splitter.split(record)
+    if reasoning is not None:
+        ds.reasoning_tokens += reasoning
+        ds.reasoning_len.add(reasoning)
+    ds.content_len.add(content)
+    latency = _num(record.get("latency_s"))
+    backend = stats.backend(str(record.get("backend")))
+    backend.answers += 1
+    backend.cost += cost
+    backend.output_tokens += len(ids)
+    if latency is not None:
+        ds.latency.add(latency)
+        backend.latency.add(latency)
+    created = _num(record.get("created_at"))
+    if created is not None:
+        stats.seen_at(created)
+        cell = backend.bins.setdefault(int(created // BIN_S), [0.0, 0.0])
+        cell[0] += 1
+        cell[1] += cost
+    provider = record.get("provider") or "(not reported)"
+    quant = record.get("quantization")
+    stats.providers[f"{provider} · {quant}" if quant else str(provider)] += 1
+
+
+def _collect_failures(source: RunSource, name: str, ds: DatasetStats, stats: RunStats) -> None:
+    scan = FileScan()
+    for failure in iter_jsonl(source.failures[name], scan):
+        kind = str(failure.get("kind") or "unknown")
+        ds.failures += 1
+        ds.failure_kinds[kind] += 1
+        backend = stats.backend(str(failure.get("backend")))
+        backend.failures += 1
+        backend.failure_kinds[kind] += 1
+    report_scan(source.failures[name].path, scan)

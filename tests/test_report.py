@@ -1,0 +1,147 @@
+"""`draftgen report`: a self-contained page with every section, embedded PNGs, right numbers."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from draftgen.cli import app
+from draftgen.report import write_report
+from draftgen.report.collect import Reservoir
+from draftgen.report.page import SECTIONS
+from draftgen.tokenize import Tokenizer
+from tests.test_export import write_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_tok: Tokenizer) -> Path:
+    root = write_run(tmp_path_factory.mktemp("run"), qwen3_tok, {"chat": 40, "code": 20})
+    with (root / "code" / "responses.jsonl").open("ab") as f:
+        f.write(b'{"id":"torn","dataset":"code","input_ids":[1,')
+    return root
+
+
+@dataclass
+class Reported:
+    run: Path
+    before: dict[Path, bytes]
+    """The run folder's files before the report."""
+    out: Path
+    page: str
+
+
+@pytest.fixture(scope="module")
+def reported(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Reported:
+    """`draftgen report RUN` on a copy of the run, with the default --out."""
+    run = tmp_path_factory.mktemp("copy") / "run"
+    shutil.copytree(run_dir, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    out = run / "report"
+    return Reported(run, before, out, (out / "index.html").read_text(encoding="utf-8"))
+
+
+def _data_uris(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+def test_every_section_is_present_with_an_embedded_png(reported: Reported) -> None:
+    out, page = reported.out, reported.page
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    for sid in ["summary", *(s for s, _, _ in SECTIONS)]:
+        assert f'<section id="{sid}">' in page
+    images = _data_uris(page)
+    assert len(images) == len(SECTIONS)
+    for data in images:
+        assert data.startswith(PNG_MAGIC) and len(data) > 2000
+    for _, _, fig in SECTIONS:
+        on_disk = (out / f"{fig}.png").read_bytes()
+        assert on_disk.startswith(PNG_MAGIC)
+        assert on_disk in images
+    # Self-contained: nothing to fetch.
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    assert "<script" not in page
+
+
+def test_summary_tables_hold_the_run_numbers(run_dir: Path, reported: Reported) -> None:
+    page = reported.page
+    records = [orjson.loads(x) for d in ("chat", "code")
+               for x in (run_dir / d / "responses.jsonl").read_bytes().splitlines()
+               if x.endswith(b"}")]
+    assert len(records) == 60
+    cost = sum(r["usage"]["cost"] for r in records)
+    assert f"${cost:,.4f}" in page
+    assert '<table id="totals">' in page
+    assert "<td>chat</td><td>40</td><td>4</td>" in page  # answers, failed
+    assert "<td>code</td><td>20</td><td>2</td>" in page
+    assert "B torn" in page  # the torn last line of code is reported
+    assert '<table id="spend-table">' in page and "<td>openrouter</td>" in page
+    assert '<table id="latency-table">' in page and "p99 (s)" in page
+    assert '<table id="failures-table">' in page and "rate_limited" in page
+    assert "answers / s" in page
+    assert '<table id="sessions">' in page and "completed" in page
+    assert "end-of-reasoning token" in page  # lengths split with the run's format
+
+
+def test_default_out_is_run_report_and_nothing_else_changes(reported: Reported) -> None:
+    assert reported.out == reported.run / "report"
+    after = {p: p.read_bytes() for p in reported.run.rglob("*") if p.is_file()
+             if "report" not in p.relative_to(reported.run).parts}
+    assert after == reported.before
+
+
+def test_a_run_without_answers_still_renders(tmp_path: Path) -> None:
+    (tmp_path / "run.json").write_bytes(orjson.dumps({"config": {}, "sessions": []}))
+    result = write_report(tmp_path, tmp_path / "r")
+    page = result.index.read_text()
+    assert len(_data_uris(page)) == len(SECTIONS)
+    assert "No failed requests" in page
+
+
+def test_report_of_a_folder_that_is_no_run_fails(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "not a" in result.output and "run folder" in result.output
+
+
+def test_reservoir_is_bounded_and_percentiles_are_nearest_rank() -> None:
+    r = Reservoir(cap=100)
+    for i in range(10_000):
+        r.add(float(i))
+    assert len(r.values) == 100 and r.seen == 10_000
+    assert 2_000 < sum(r.values) / 100 < 8_000  # a sample of the whole stream
+    small = Reservoir()
+    for v in (5.0, 1.0, 3.0, 2.0, 4.0):
+        small.add(v)
+    assert (small.percentile(50), small.percentile(90), small.percentile(100)) == (3.0, 5.0, 5.0)
+    assert Reservoir().percentile(50) is None
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
+def test_page_renders_in_headless_chromium(reported: Reported, tmp_path: Path) -> None:
+    image = pytest.importorskip("matplotlib.image")
+    out = reported.out
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,3000",
+         f"--screenshot={shot}", (out / "index.html").as_uri()],
+        check=True, capture_output=True, timeout=60,
+    )
+    pixels = image.imread(str(shot))[..., :3]
+    background = pixels[0, 0]
+    differs = (abs(pixels - background).sum(axis=-1) > 0.05).mean()
+    assert pixels.std() > 0.02
+    assert differs > 0.05  # text, tables and figures cover a good part of the page

@@ -1,0 +1,232 @@
+"""Tokenizer loading, the self-check, the byte → ID table and IDs from logprobs, on the real
+Qwen3 and DeepSeek-R1 tokenizers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from draftgen.testing.assets import (
+    KIMI_SPECIAL_TOKENS,
+    cached_tokenizer,
+    deepseek_r1_tokenizer_dir,
+    family_tokenizer,
+)
+from draftgen.tokenize import (
+    FastTokenizer,
+    Tokenizer,
+    TokenizerError,
+    TransformersTokenizer,
+    byte_decoder,
+    find_tokenizer_file,
+    ids_from_logprobs,
+    load_tokenizer,
+    self_check,
+)
+from draftgen.types import LogprobToken
+
+QWEN_SPECIALS = {"<|im_end|>": 151645, "<|im_start|>": 151644, "</think>": 151668}
+
+
+def entries(tok: Tokenizer, ids: list[int]) -> list[LogprobToken]:
+    """Logprob entries as an OpenAI endpoint gives them: token text and UTF-8 bytes, no ID."""
+    out = []
+    for i in ids:
+        raw = _token_bytes(tok, i)
+        out.append(LogprobToken(token=raw.decode("utf-8", "replace"), bytes=list(raw)))
+    return out
+
+
+def _token_bytes(tok: Tokenizer, token_id: int) -> bytes:
+    piece = tok.id_to_token(token_id)
+    assert piece is not None
+    table = byte_decoder()
+    if all(c in table for c in piece):
+        return bytes(table[c] for c in piece)
+    return piece.encode("utf-8")  # an added token is its own text
+
+
+# ---- loading and the self-check -------------------------------------------------------------
+
+
+def test_load_file_and_folder(qwen3_dir: Path, qwen3_tok: Tokenizer) -> None:
+    assert find_tokenizer_file(qwen3_dir) == qwen3_dir / "tokenizer.json" == qwen3_tok.path
+    assert isinstance(qwen3_tok, FastTokenizer)
+    assert len(qwen3_tok.sha256) == 64
+    assert qwen3_tok.encode("<|im_end|>") == [151645]
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerError, match="tokenizer not found"):
+        load_tokenizer(tmp_path / "missing")
+    with pytest.raises(TokenizerError, match=r"tokenizer_config\.json"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="cannot load tokenizer"):
+        load_tokenizer(tmp_path)
+
+
+def test_self_check_passes(qwen3_tok: Tokenizer) -> None:
+    self_check(qwen3_tok, QWEN_SPECIALS)
+
+
+def test_mis_loaded_tokenizer_is_caught(qwen3_dir: Path, tmp_path: Path) -> None:
+    """A tokenizer.json whose added tokens carry the wrong IDs (two swapped), as a broken
+    transformers release produces for Kimi's tokenizer."""
+    data = json.loads((qwen3_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    added = {a["content"]: a for a in data["added_tokens"]}
+    added["<|im_end|>"]["content"], added["<|im_start|>"]["content"] = "<|im_start|>", "<|im_end|>"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    broken = load_tokenizer(tmp_path)
+    with pytest.raises(TokenizerError) as err:
+        self_check(broken, QWEN_SPECIALS)
+    message = str(err.value)
+    assert "self-check failed" in message and "mis-loaded" in message
+    assert "'<|im_end|>' encodes to [151644], expected [151645]" in message
+    assert "'<|im_start|>' encodes to [151645], expected [151644]" in message
+    assert "</think>" not in message
+
+
+def test_special_ids_beyond_the_vocabulary() -> None:
+    tok = family_tokenizer("kimi")
+    self_check(tok, {t: i for i, t in KIMI_SPECIAL_TOKENS.items()})
+    assert tok.encode("Hi<|im_end|>") == [13048, 163586]
+
+
+# ---- transformers tokenizers (Kimi's tiktoken one) ------------------------------------------
+
+
+class _KimiLike:
+    """Stands in for Kimi's remote-code TikTokenTokenizer over a real BPE vocabulary: encode()
+    with keyword arguments logs a warning (and takes a slower path); without, it adds no
+    special tokens."""
+
+    __module__ = "transformers_modules.Kimi.tokenization_kimi"
+
+    def __init__(self, tok: FastTokenizer) -> None:
+        self._tok = tok
+        self.kw_calls = 0
+        self.added_tokens_encoder = {
+            t.content: i for i, t in tok._tok.get_added_tokens_decoder().items()
+        }
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
+        if kwargs:
+            self.kw_calls += 1
+            logging.getLogger(type(self).__module__).warning("Calling super().encode with %s",
+                                                             kwargs)
+        return self._tok.encode(text)
+
+    def decode(self, ids: list[int], **kwargs: Any) -> str:
+        return self._tok.decode(ids, skip_special_tokens=kwargs.get("skip_special_tokens", False))
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._tok._tok.get_vocab(with_added_tokens=True)
+
+    def convert_ids_to_tokens(self, i: int) -> str | None:
+        return self._tok.id_to_token(i)
+
+    def __len__(self) -> int:
+        return self._tok.vocab_size
+
+
+def _fake_transformers(monkeypatch: pytest.MonkeyPatch, backend: Any) -> list[tuple[str, bool]]:
+    calls: list[tuple[str, bool]] = []
+
+    def from_pretrained(path: str, trust_remote_code: bool = False) -> Any:
+        calls.append((path, trust_remote_code))
+        return backend
+
+    module = types.ModuleType("transformers")
+    module.AutoTokenizer = types.SimpleNamespace(from_pretrained=from_pretrained)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "transformers", module)
+    return calls
+
+
+def _hf_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "kimi"
+    folder.mkdir()
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "TikTokenTokenizer"}')
+    (folder / "tiktoken.model").write_bytes(b"vocab")
+    return folder
+
+
+def test_transformers_tokenizer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fast = family_tokenizer("kimi")
+    assert isinstance(fast, FastTokenizer)
+    backend = _KimiLike(fast)
+    folder = _hf_folder(tmp_path)
+    calls = _fake_transformers(monkeypatch, backend)
+    tok = load_tokenizer(folder)
+    assert isinstance(tok, TransformersTokenizer)
+    assert calls == [(str(folder), True)]
+    with caplog.at_level(logging.WARNING):
+        before = backend.kw_calls
+        ids = tok.encode("Hello<|im_end|>")
+        assert backend.kw_calls == before  # the fast path: no keyword arguments
+        backend.encode("x", add_special_tokens=False)  # the slow path's warning is filtered
+    assert ids == fast.encode("Hello<|im_end|>")
+    assert "Calling super().encode" not in caplog.text
+    assert tok.decode(ids) == "Hello<|im_end|>"
+    assert tok.token_to_id("<|im_end|>") == 163586 and tok.token_to_id("nope-nope") is None
+    assert tok.id_to_token(163586) == "<|im_end|>"
+    self_check(tok, {t: i for i, t in KIMI_SPECIAL_TOKENS.items()})
+    assert tok.bytes_to_id()[b"<|im_end|>"] == 163586
+    assert tok.bytes_to_id()[b" Hello"] == fast.encode(" Hello")[0]
+    digest = tok.sha256
+    (folder / "weights.safetensors").write_bytes(b"x" * 10)
+    assert TransformersTokenizer(backend, folder).sha256 == digest  # weights are not hashed
+    (folder / "tiktoken.model").write_bytes(b"other vocab")
+    assert TransformersTokenizer(backend, folder).sha256 != digest
+
+
+def test_transformers_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(TokenizerError, match=r"needs transformers \(pip install 'draftgen\[hf\]'"):
+        load_tokenizer(_hf_folder(tmp_path))
+
+
+def test_transformers_load_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    module = types.ModuleType("transformers")
+
+    def broken(path: str, trust_remote_code: bool = False) -> Any:
+        raise ValueError("tiktoken is not installed")
+
+    module.AutoTokenizer = types.SimpleNamespace(from_pretrained=broken)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "transformers", module)
+    with pytest.raises(TokenizerError, match="tiktoken is not installed"):
+        load_tokenizer(_hf_folder(tmp_path))
+
+
+# ---- bytes → IDs ----------------------------------------------------------------------------
+
+
+def test_byte_decoder_is_a_bijection() -> None:
+    table = byte_decoder()
+    assert len(table) == 256 and sorted(table.values()) == list(range(256))
+    assert table["Ġ"] == 32 and table["Ċ"] == 10 and table["A"] == 65
+
+
+@pytest.mark.parametrize("which", ["qwen3", "deepseek"])
+def test_bytes_to_id_recovers_every_token(which: str, qwen3_tok: Tokenizer) -> None:
+    tok = qwen3_tok if which == "qwen3" else cached_tokenizer(str(deepseek_r1_tokenizer_dir()))
+    text = "héllo 世界 <think>\n\nx🚀 \t tab </think> ``` {\"a\": 1}"
+    ids = tok.encode(text)
+    assert ids_from_logprobs(tok, entries(tok, ids)) == ids
+    table = tok.bytes_to_id()
+    assert len(table) == tok.vocab_size  # one entry per token: byte-level BPE is a bijection
+
+
+def test_logprob_ids_and_unknown_tokens(qwen3_tok: Tokenizer) -> None:
+    assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="x", id=42)]) == [42]
+    assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="token_id:151645")]) == [151645]
+    assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="Hello")]) == [9707]
+    assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="x", bytes=[0xFF, 0xFE, 0xFD])]) is None
