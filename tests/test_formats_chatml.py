@@ -11,7 +11,7 @@ import pytest
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from draftgen.backends.llamacpp_assets import find_smollm2_gguf
+from draftgen.assets import find_smollm2_gguf
 from draftgen.formats import FormatError, get_format
 from draftgen.formats.chatml import SMOLLM2_SYSTEM
 from draftgen.gguf_meta import read_gguf_metadata

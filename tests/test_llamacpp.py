@@ -24,18 +24,18 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from draftgen.backends import make_backend
-from draftgen.backends.llamacpp import (
-    LlamaCppChatBackend,
-    LlamaCppNativeBackend,
-    answer_from_completion,
-)
-from draftgen.backends.llamacpp_assets import (
+from draftgen.assets import (
     LLAMA_SERVER_ENV,
     find_llama_server,
     find_smollm2_gguf,
     llama_server_binary,
     smollm2_gguf,
+)
+from draftgen.backends import make_backend
+from draftgen.backends.llamacpp import (
+    LlamaCppChatBackend,
+    LlamaCppNativeBackend,
+    answer_from_completion,
 )
 from draftgen.backends.managed_llamacpp import (
     ManagedLlamaServer,

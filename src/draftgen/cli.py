@@ -19,7 +19,7 @@ from draftgen.config import ConfigError, RunConfig, load_config
 from draftgen.datasets import DatasetError
 from draftgen.export.options import ExportFormat, MinCheck, Overlong
 from draftgen.formats import FormatError
-from draftgen.runner import Plan, Runner, prepare
+from draftgen.runner import Plan, Runner, prepare, render_each
 from draftgen.store import RunLayout, RunLocked, StoreError, lock_holder
 from draftgen.tokenize import TokenizerError, chunked
 
@@ -57,7 +57,7 @@ def _check_backend_keys(cfg: RunConfig) -> None:
 
 
 def _print_plan(plan: Plan) -> None:
-    out = Console(soft_wrap=True)
+    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     out.print(f"model: {plan.cfg.model.name} · format {plan.fmt.name} · tokenizer "
               f"{plan.tokenizer.path} (sha256 {plan.tokenizer.sha256[:12]}…)", highlight=False)
     specials = ", ".join(f"{k}={v}" for k, v in plan.fmt.special_tokens().items())
@@ -67,10 +67,14 @@ def _print_plan(plan: Plan) -> None:
                 "max prompt"):
         table.add_column(col, justify="left" if col == "dataset" else "right")
     for ds in plan.datasets:
-        lengths = [len(ids) for batch in chunked(ds.prompts, 512)
-                   for ids in plan.fmt.render_prompts(batch)]
+        rendered = [ids for batch in chunked(ds.prompts, 512)
+                    for ids in render_each(plan.fmt, batch)]
+        refused = [r for r in rendered if isinstance(r, FormatError)]
+        lengths = [len(r) for r in rendered if not isinstance(r, FormatError)]
+        for err in refused[:10]:
+            out.print(f"  cannot render: {err}", highlight=False, markup=False)
         table.add_row(ds.name, f"{ds.load.rows:,}", f"{ds.load.prompts:,}",
-                      f"{ds.load.bad_rows:,}", f"{ds.load.duplicates:,}",
+                      f"{ds.load.bad_rows + len(refused):,}", f"{ds.load.duplicates:,}",
                       f"{sum(lengths):,}", f"{max(lengths, default=0):,}")
     out.print(table)
     for ds in plan.datasets:
@@ -79,7 +83,8 @@ def _print_plan(plan: Plan) -> None:
         if ds.load.bad_rows > 10:
             out.print(f"  … and {ds.load.bad_rows - 10:,} more bad rows in {ds.name}")
     for b in plan.cfg.backends:
-        out.print(f"backend {b.name}: {b.type} {b.url} · concurrency {b.concurrency} · "
+        where = b.url or f"managed llama-server for {b.model}"
+        out.print(f"backend {b.name}: {b.type} {where} · concurrency {b.concurrency} · "
                   f"priority {b.priority}", highlight=False)
 
 

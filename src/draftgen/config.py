@@ -9,6 +9,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from draftgen.assets import resolve_builtin
+
 BackendType = Literal["openai", "openrouter", "vllm", "sglang", "llamacpp"]
 REDACTED = "***"
 
@@ -30,6 +32,11 @@ class ModelConfig(_Strict):
     """A tokenizer.json file, or a HF tokenizer folder (one without tokenizer.json, such as
     Kimi's tiktoken tokenizer, loads through transformers with trust_remote_code)."""
     format_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _resolve_tokenizer(cls, path: str) -> str:
+        return resolve_builtin(path)
     """Options of the model format (e.g. kimi-k2.5 {thinking: false}; chat-template
     {stop_token, end_think_token, ...})."""
 
@@ -97,6 +104,11 @@ class BackendConfig(_Strict):
     backoff_max_s: float = Field(60.0, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("model")
+    @classmethod
+    def _resolve_model(cls, path: str | None) -> str | None:
+        return resolve_builtin(path) if path is not None else None
 
     @field_validator("url")
     @classmethod

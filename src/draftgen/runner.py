@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.backends import Backend, make_backend
+from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
 from draftgen.budget import Ledger, Reservation
 from draftgen.config import ConfigError, Price, RunConfig
 from draftgen.datasets import LoadStats, iter_prompts
-from draftgen.formats import Format, get_format
+from draftgen.formats import Format, FormatError, get_format
 from draftgen.progress import DatasetCounters, ProgressDisplay, RunCounters
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
 from draftgen.store import RunLock, Store, StoreError, scan_dataset
@@ -179,7 +180,16 @@ class Runner:
         return outcome
 
     async def _run_backends(self) -> Outcome:
-        backends = [make_backend(b, self.cfg.model, self.cfg.sampling) for b in self.cfg.backends]
+        try:
+            async with ManagedServers(self.cfg.backends, run_dir=self.root,
+                                      max_tokens=self.cfg.sampling.max_tokens) as configs:
+                backends = [make_backend(b, self.cfg.model, self.cfg.sampling) for b in configs]
+                await self._run_with(backends)
+        except ManagedServerError as e:
+            self._fatal = str(e)
+        return self._outcome()
+
+    async def _run_with(self, backends: list[Backend]) -> None:
         display_task: asyncio.Task[None] | None = None
         try:
             for b in backends:
@@ -203,7 +213,6 @@ class Runner:
                     await display_task
             for b in backends:
                 await b.close()
-        return self._outcome()
 
     def _outcome(self) -> Outcome:
         if self._fatal:
@@ -303,13 +312,21 @@ class Runner:
         queue.clear()
 
     async def _render_ahead(self, queue: deque[Pending]) -> None:
+        """Render the next prompts of a dataset in one batch, off the event loop. A prompt the
+        format cannot render (tools for a model without tool support, an unknown role) is
+        recorded as failed with its reason and left out."""
         batch = [p for _, p in zip(range(RENDER_BATCH), queue, strict=False)
                  if p.input_ids is None]
         loop = asyncio.get_running_loop()
-        rendered = await loop.run_in_executor(
-            None, self.plan.fmt.render_prompts, [p.prompt for p in batch])
+        rendered = await loop.run_in_executor(None, render_each, self.plan.fmt,
+                                              [p.prompt for p in batch])
         for item, ids in zip(batch, rendered, strict=True):
-            item.input_ids = ids
+            if isinstance(ids, FormatError):
+                queue.remove(item)
+                self._write_failure(item.prompt, None, "bad_prompt", str(ids), None,
+                                    self.counters.datasets[item.prompt.dataset])
+            else:
+                item.input_ids = ids
 
     async def _drain(self) -> None:
         while self._tasks:
@@ -399,13 +416,14 @@ class Runner:
             return
         self._write_failure(item.prompt, backend, e.kind, e.message, e.status, counters)
 
-    def _write_failure(self, prompt: Prompt, backend: Backend, kind: str, message: str,
+    def _write_failure(self, prompt: Prompt, backend: Backend | None, kind: str, message: str,
                        status: int | None, counters: DatasetCounters) -> None:
         counters.failed += 1
         counters.failure_kinds[kind] += 1
         try:
             self.store.append_failure(prompt.dataset, {
-                "id": prompt.id, "dataset": prompt.dataset, "backend": backend.name,
+                "id": prompt.id, "dataset": prompt.dataset,
+                "backend": backend.name if backend else None,
                 "kind": kind, "status": status, "message": message,
                 "created_at": round(time.time(), 3),
             })
@@ -456,6 +474,21 @@ class Runner:
                 "skipped_budget": t.skipped, "total": t.total,
                 "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
                 "cost_usd_total": round(t.cost + t.cost_before, 6)}
+
+
+def render_each(fmt: Format, prompts: list[Prompt]) -> list[list[int] | FormatError]:
+    """Prompt IDs for a batch; a prompt the format refuses gets its FormatError instead."""
+    try:
+        return list(fmt.render_prompts(prompts))
+    except FormatError:
+        pass
+    out: list[list[int] | FormatError] = []
+    for prompt in prompts:
+        try:
+            out.append(fmt.render_prompt(prompt.messages, prompt.tools))
+        except FormatError as e:
+            out.append(FormatError(f"{prompt.source or prompt.id}: {e}"))
+    return out
 
 
 def _provider_excluded(routing: dict[str, Any] | None, provider: str | None) -> bool:

