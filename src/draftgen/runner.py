@@ -28,7 +28,7 @@ from draftgen.formats import Format, FormatError, get_format
 from draftgen.progress import DatasetCounters, ProgressDisplay, RunCounters
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
 from draftgen.store import RunLock, Store, StoreError, scan_dataset
-from draftgen.store.runinfo import end_session, start_session
+from draftgen.store.runinfo import end_session, record_datasets, start_session
 from draftgen.tokenize import OffLoopBatcher, Tokenizer, load_tokenizer, self_check
 from draftgen.types import BackendError, Prompt, RawAnswer, Rebuilt
 
@@ -170,9 +170,11 @@ class Runner:
         outcome = Outcome("failed", "interrupted")
         try:
             self._resume()
+            record_datasets(self.store.layout.run_json, self._dataset_totals())
             outcome = await self._run_backends()
         finally:
             self.store.close()
+            record_datasets(self.store.layout.run_json, self._dataset_totals())
             end_session(self.store.layout.run_json, self.session, outcome.status,
                         self._summary())
             lock.release()
@@ -467,6 +469,18 @@ class Runner:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
+
+    def _dataset_totals(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for ds in self.plan.datasets:
+            c = self.counters.datasets.get(ds.name)
+            out[ds.name] = {
+                "total": len(ds.prompts), "rows": ds.load.rows, "bad_rows": ds.load.bad_rows,
+                "duplicates": ds.load.duplicates,
+                "skipped_budget": c.skipped if c else 0,
+                "out_of_attempts": c.exhausted if c else 0,
+            }
+        return out
 
     def _summary(self) -> dict[str, Any]:
         t = self.counters.total()

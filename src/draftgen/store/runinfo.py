@@ -66,3 +66,11 @@ def end_session(path: Path, index: int, outcome: str, summary: dict[str, Any]) -
     if index < len(sessions):
         sessions[index].update(stopped_at=time.time(), outcome=outcome, summary=summary)
         write_atomic(path, data)
+
+
+def record_datasets(path: Path, datasets: dict[str, dict[str, Any]]) -> None:
+    """Per-dataset totals of the latest session (prompts, bad rows, skipped by budget...), so
+    that status can show totals without re-reading the datasets."""
+    data = read_run_json(path)
+    data["datasets"] = datasets
+    write_atomic(path, data)
