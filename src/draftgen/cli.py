@@ -7,18 +7,22 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import orjson
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from draftgen.backends.managed_llamacpp import ManagedServerError
 from draftgen.config import ConfigError, RunConfig, load_config
 from draftgen.datasets import DatasetError
 from draftgen.export.options import ExportFormat, MinCheck, Overlong
 from draftgen.formats import FormatError
+from draftgen.probe import DEFAULT_MAX_TOKENS, ProbeOptions
 from draftgen.runner import Plan, Runner, prepare, render_each
 from draftgen.store import RunLayout, RunLocked, StoreError, lock_holder
 from draftgen.tokenize import TokenizerError, chunked
@@ -96,10 +100,21 @@ def run(
         "print counts and bad rows; send nothing.")] = False,
     no_live: Annotated[bool, typer.Option(
         "--no-live", help="Plain periodic log lines instead of the live table.")] = False,
+    no_probe: Annotated[bool, typer.Option(
+        "--no-probe", help="Skip the probe: send to every backend without checking first "
+        "what it does with reasoning, whitespace, tool calls and token counts.")] = False,
+    force_probe: Annotated[bool, typer.Option(
+        "--probe", help="Probe again even where run.json holds a probe result for this "
+        "config (by default a resumed run reuses it).")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Generate answers. Re-running the same command on the same output_dir resumes."""
+    """Generate answers. Re-running the same command on the same output_dir resumes.
+
+    The backends are probed first (see `draftgen probe`): a backend the probe finds unsafe for
+    this run's prompts is left out; with none left, nothing is sent."""
     _setup_logging(verbose)
+    if no_probe and force_probe:
+        raise _fail("--probe and --no-probe contradict each other")
     try:
         cfg = load_config(config)
         _check_backend_keys(cfg)
@@ -107,7 +122,9 @@ def run(
         if dry_run:
             _print_plan(plan)
             return
-        outcome = asyncio.run(Runner(plan, live_display=False if no_live else None).execute())
+        probe = None if no_probe else ProbeOptions(force=force_probe)
+        outcome = asyncio.run(Runner(plan, live_display=False if no_live else None,
+                                     probe=probe).execute())
     except _USER_ERRORS as e:
         raise _fail(str(e)) from None
     counters = outcome.counters
@@ -121,6 +138,51 @@ def run(
     if outcome.message:
         console.print(outcome.message, highlight=False)
     raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def probe(
+    config: Annotated[Path, typer.Argument(help="run.yaml")],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the results as JSON on stdout instead of a table.")] = False,
+    backend: Annotated[list[str] | None, typer.Option(
+        "--backend", "-b", help="Probe only this backend (repeatable; default: all).")] = None,
+    max_tokens: Annotated[int, typer.Option(
+        "--max-tokens", min=16, help="max_tokens of each probe request (they cost money on "
+        "paid backends).")] = DEFAULT_MAX_TOKENS,
+    save: Annotated[bool, typer.Option(
+        "--save/--no-save", help="Record the results in the output_dir's run.json, where "
+        "`draftgen run` reuses them instead of probing again.")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Check what each backend does before a paid run: a few small requests (plain, reasoning,
+    a tool call), then per backend where reasoning arrives, whether whitespace is kept, how
+    tool calls arrive, whether usage.completion_tokens matches the rebuilt IDs, whether
+    logprobs cover every token, who served it and what it cost; and a verdict: exact,
+    reconstructable or unsafe. Exits 1 when a backend is unsafe."""
+    from draftgen.probe.command import load_format, probe_config, save_results, select_backends
+    from draftgen.probe.show import print_results, to_json
+
+    _setup_logging(verbose)
+    try:
+        cfg = select_backends(load_config(config), backend)
+        _check_backend_keys(cfg)
+        fmt = load_format(cfg)
+        results = asyncio.run(probe_config(cfg, fmt, ProbeOptions(max_tokens=max_tokens)))
+        note = save_results(cfg, results) if save else None
+    except _USER_ERRORS as e:
+        raise _fail(str(e)) from None
+    except ManagedServerError as e:
+        raise _fail(str(e), code=1) from None
+    if as_json:
+        sys.stdout.write(orjson.dumps(to_json(results), option=orjson.OPT_INDENT_2).decode()
+                         + "\n")
+    else:
+        print_results(results, Console(width=None if sys.stdout.isatty() else 160))
+    if note:
+        console.print(note, highlight=False)
+    if any(r.verdict == "unsafe" for r in results):
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -232,6 +294,83 @@ def report(
     stats = result.stats
     Console().print(f"report of {stats.answers:,} answers (${stats.cost:.4f}) → {result.index} "
                     f"(+ {len(result.pngs)} PNGs)", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def status(
+    run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """How far a run got (live, stopped or killed): done, failed, skipped, pending, in flight,
+    tokens, cost, rates. Reads only; never disturbs a live run."""
+    from draftgen.status import StatusError, collect_status, print_status
+
+    try:
+        st = collect_status(run_dir)
+    except StatusError as e:
+        raise _fail(str(e)) from None
+    print_status(st, as_json)
+
+
+@app.command()
+def audit(
+    run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    quarantine: Annotated[bool, typer.Option(
+        "--quarantine", help="Move failing answers from responses.jsonl to quarantine.jsonl "
+        "(atomically; refused while a run is live) so the next draftgen run regenerates "
+        "them.")] = False,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", "-j", help="Worker processes (default: one per CPU).")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="tokenizer.json to use instead of the one run.json names.")] = None,
+) -> None:
+    """Check every answer's tokens against the run's model format (stop and reasoning tokens,
+    tool tokens, prompt IDs, decoded text, token_check claims, provider routing, duplicate
+    IDs). Exit status 1 when any answer fails."""
+    from draftgen.audit import AuditError, audit_run, render_report
+    from draftgen.audit.quarantine import QuarantineError
+    from draftgen.audit.quarantine import quarantine as move_failing
+
+    _setup_logging(False)
+    if quarantine:  # refuse before spending minutes on the audit
+        holder = lock_holder(RunLayout(run_dir).lock)
+        if holder:
+            raise _fail(f"{run_dir}: a draftgen run is live on this folder (pid "
+                        f"{holder.get('pid', '?')}); stop it first (draftgen stop {run_dir})")
+    try:
+        report = audit_run(run_dir, workers=workers, tokenizer=tokenizer,
+                           progress=None if as_json else _audit_progress())
+        moved = move_failing(report) if quarantine and not report.ok else None
+    except (AuditError, QuarantineError) as e:
+        raise _fail(str(e)) from None
+    data = report.as_json()
+    if moved is not None:
+        data["quarantined"] = moved.moved
+    if as_json:
+        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        render_report(report, Console(soft_wrap=True))
+        if moved is not None:
+            for name, n in moved.moved.items():
+                Console().print(f"{name}: {n:,} failing lines moved to {name}/quarantine.jsonl; "
+                                "the next draftgen run regenerates them", highlight=False)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _audit_progress() -> Any:
+    """A progress line on stderr (a terminal only)."""
+    if not sys.stderr.isatty():
+        return None
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5 or done >= total:
+            last[0] = now
+            console.print(f"audited {done:,}/{total:,} answers",
+                          end="\n" if done >= total else "\r", highlight=False)
+    return show
 
 
 def main() -> None:  # pragma: no cover - console entry point convenience

@@ -32,13 +32,16 @@ class ModelConfig(_Strict):
     """A tokenizer.json file, or a HF tokenizer folder (one without tokenizer.json, such as
     Kimi's tiktoken tokenizer, loads through transformers with trust_remote_code)."""
     format_options: dict[str, Any] = Field(default_factory=dict)
+    """Options of the model format (e.g. kimi-k2.5 {thinking: false}; chat-template
+    {stop_token, end_think_token, ...})."""
+    context_length: int | None = Field(None, gt=0)
+    """The model's context in tokens, if known: a prompt whose rendered length leaves no room
+    for one answer token is recorded as failed (`prompt_too_long`) and never sent."""
 
     @field_validator("tokenizer")
     @classmethod
     def _resolve_tokenizer(cls, path: str) -> str:
         return resolve_builtin(path)
-    """Options of the model format (e.g. kimi-k2.5 {thinking: false}; chat-template
-    {stop_token, end_think_token, ...})."""
 
 
 class SamplingConfig(_Strict):

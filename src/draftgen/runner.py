@@ -25,6 +25,8 @@ from draftgen.budget import Ledger, Reservation
 from draftgen.config import ConfigError, Price, RunConfig
 from draftgen.datasets import LoadStats, iter_prompts
 from draftgen.formats import Format, FormatError, get_format
+from draftgen.perf import tuned_gc
+from draftgen.probe import ProbeOptions, gate_backends
 from draftgen.progress import DatasetCounters, ProgressDisplay, RunCounters
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
 from draftgen.store import RunLock, Store, StoreError, scan_dataset
@@ -85,8 +87,11 @@ class Pending:
 
 
 class Runner:
-    def __init__(self, plan: Plan, *, live_display: bool | None = None) -> None:
+    def __init__(self, plan: Plan, *, live_display: bool | None = None,
+                 probe: ProbeOptions | None = None) -> None:
         self.plan = plan
+        self.probe = probe
+        """Probe the backends before the first request (`draftgen run` does; off by default)."""
         self.cfg = plan.cfg
         self.root = Path(self.cfg.output_dir)
         self.store = Store(self.root, self.cfg.fsync_interval_s)
@@ -113,6 +118,7 @@ class Runner:
         """Queue every prompt not yet answered, not out of attempts and within its budget."""
         limits = {d.name: d for d in self.cfg.datasets}
         for ds in self.plan.datasets:
+            _warn_bad_rows(ds)
             on_disk, _ = scan_dataset(self.store.layout, ds.name)
             counters = DatasetCounters(total=len(ds.prompts))
             counters.output_tokens_before = on_disk.output_tokens
@@ -157,6 +163,18 @@ class Runner:
                 )
             self.prices[b.name] = price
 
+    async def _probe_gate(self, backends: list[Backend]) -> bool:
+        """With `probe` set: probe the started backends (or reuse run.json's results) and
+        remove from `backends` those unsafe for this run's datasets (draftgen.probe.gate).
+        False, with the run failed and nothing sent, when none is left."""
+        if self.probe is None:
+            return True
+        gate = await gate_backends(self.plan, backends, self.probe, self.store.layout.run_json)
+        self.ledger.add_spent(gate.cost_usd)
+        if gate.refused:
+            self._fatal = gate.refused
+        return gate.refused is None
+
     # ---- the run -----------------------------------------------------------------------
 
     async def execute(self) -> Outcome:
@@ -164,20 +182,33 @@ class Runner:
         lock.acquire()
         if lock.took_over_stale:
             log.warning("%s: previous run did not exit cleanly; resuming", self.root)
-        self.session = start_session(self.store.layout.run_json, self.cfg.redacted(), {
-            "path": str(self.plan.tokenizer.path), "sha256": self.plan.tokenizer.sha256,
-        })
         outcome = Outcome("failed", "interrupted")
+        started = False
         try:
-            self._resume()
+            self.session = start_session(self.store.layout.run_json, self.cfg.redacted(), {
+                "path": str(self.plan.tokenizer.path), "sha256": self.plan.tokenizer.sha256,
+            })
+            started = True
+            try:
+                self._resume()
+            except OSError as e:  # the resume scan repairs files: a read-only or full disk
+                raise StoreError(f"{self.root}: cannot prepare the run folder: {e}") from None
             record_datasets(self.store.layout.run_json, self._dataset_totals())
-            outcome = await self._run_backends()
+            with tuned_gc():
+                outcome = await self._run_backends()
         finally:
-            self.store.close()
-            record_datasets(self.store.layout.run_json, self._dataset_totals())
-            end_session(self.store.layout.run_json, self.session, outcome.status,
-                        self._summary())
-            lock.release()
+            try:
+                self.store.close()
+                if started:
+                    record_datasets(self.store.layout.run_json, self._dataset_totals())
+                    end_session(self.store.layout.run_json, self.session, outcome.status,
+                                self._summary())
+            except StoreError as e:  # the run's own error (full disk...) is the one to show
+                log.error("%s; run.json not updated for this session", e)
+                if outcome.status != "failed":
+                    outcome = Outcome("failed", str(e))
+            finally:
+                lock.release()
         outcome.counters = self.counters
         return outcome
 
@@ -197,6 +228,8 @@ class Runner:
             for b in backends:
                 await b.start()
             await self._resolve_prices(backends)
+            if not await self._probe_gate(backends):
+                return
             display = ProgressDisplay(self.counters, live=self.live_display)
             display_task = asyncio.create_task(display.run())
             self._install_signal_handlers()
@@ -320,12 +353,14 @@ class Runner:
         batch = [p for _, p in zip(range(RENDER_BATCH), queue, strict=False)
                  if p.input_ids is None]
         loop = asyncio.get_running_loop()
-        rendered = await loop.run_in_executor(None, render_each, self.plan.fmt,
-                                              [p.prompt for p in batch])
+        rendered = await loop.run_in_executor(None, render_within, self.plan.fmt,
+                                              [p.prompt for p in batch],
+                                              self.cfg.model.context_length)
         for item, ids in zip(batch, rendered, strict=True):
             if isinstance(ids, FormatError):
                 queue.remove(item)
-                self._write_failure(item.prompt, None, "bad_prompt", str(ids), None,
+                kind = "prompt_too_long" if isinstance(ids, PromptTooLong) else "bad_prompt"
+                self._write_failure(item.prompt, None, kind, str(ids), None,
                                     self.counters.datasets[item.prompt.dataset])
             else:
                 item.input_ids = ids
@@ -365,9 +400,10 @@ class Runner:
             counters.cost += billed
             self._on_failure(item, backend, e, counters)
         except StoreError as e:
-            self._fatal = str(e)
+            if not self._fatal:  # once, not once per answer in flight
+                log.error("%s; stopping dispatch, everything written so far is kept", e)
+            self._fatal = self._fatal or str(e)
             self._stopping = True
-            log.error("%s; stopping dispatch, everything written so far is kept", e)
         except asyncio.CancelledError:
             self._journal_quietly("dropped", prompt, reason="aborted")
             raise
@@ -490,6 +526,16 @@ class Runner:
                 "cost_usd_total": round(t.cost + t.cost_before, 6)}
 
 
+def _warn_bad_rows(ds: DatasetPlan, shown: int = 10) -> None:
+    """Rows skipped while reading a dataset: the first `shown` named by file and line."""
+    for bad in ds.load.examples[:shown]:
+        log.warning("%s: bad row %s: %s (skipped)", ds.name, bad.source, bad.reason)
+    if ds.load.bad_rows > shown:
+        log.warning("%s: %d more bad rows skipped", ds.name, ds.load.bad_rows - shown)
+    if not ds.prompts:
+        log.warning("%s: no prompts to send (%s)", ds.name, ds.load.summary())
+
+
 def render_each(fmt: Format, prompts: list[Prompt]) -> list[list[int] | FormatError]:
     """Prompt IDs for a batch; a prompt the format refuses gets its FormatError instead."""
     try:
@@ -502,6 +548,42 @@ def render_each(fmt: Format, prompts: list[Prompt]) -> list[list[int] | FormatEr
             out.append(fmt.render_prompt(prompt.messages, prompt.tools))
         except FormatError as e:
             out.append(FormatError(f"{prompt.source or prompt.id}: {e}"))
+    return out
+
+
+class PromptTooLong(FormatError):
+    """A prompt that leaves no room for an answer within `model.context_length`."""
+
+
+def render_within(fmt: Format, prompts: list[Prompt], context_length: int | None
+                  ) -> list[list[int] | FormatError]:
+    """`render_each`; with a context length, a prompt that leaves no room for one answer token
+    gets a `PromptTooLong` instead. A prompt whose text alone is certainly too long (a token
+    covers at most the tokenizer's longest token's bytes) is refused without tokenizing it:
+    tokenizing 100 MB of text would take minutes."""
+    if context_length is None:
+        return render_each(fmt, prompts)
+    out: list[list[int] | FormatError] = [FormatError("not rendered")] * len(prompts)
+    todo: list[int] = []
+    longest = 0
+    for i, prompt in enumerate(prompts):
+        chars = sum(len(m["content"]) for m in prompt.messages
+                    if isinstance(m.get("content"), str))
+        if chars > context_length:
+            longest = longest or max(map(len, fmt.tokenizer.bytes_to_id()), default=1)
+            if chars > 2 * longest * context_length:  # 2: room for any normalizer
+                out[i] = PromptTooLong(
+                    f"{prompt.source or prompt.id}: prompt of {chars:,} characters is longer "
+                    f"than model.context_length ({context_length:,} tokens); not sent")
+                continue
+        todo.append(i)
+    rendered = render_each(fmt, [prompts[i] for i in todo])
+    for i, ids in zip(todo, rendered, strict=True):
+        if not isinstance(ids, FormatError) and len(ids) + 1 > context_length:
+            ids = PromptTooLong(
+                f"{prompts[i].source or prompts[i].id}: prompt of {len(ids):,} tokens leaves "
+                f"no room for an answer in model.context_length ({context_length:,}); not sent")
+        out[i] = ids
     return out
 
 

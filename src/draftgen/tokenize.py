@@ -157,6 +157,7 @@ class FastTokenizer(Tokenizer):
     def __init__(self, backend: HFTokenizer, path: Path) -> None:
         super().__init__(path)
         self._tok = backend
+        self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
 
     @property
     def vocab_size(self) -> int:
@@ -167,9 +168,11 @@ class FastTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # `tokenizers` releases the GIL inside encode_batch: a batch runs across cores.
+        # encode_batch_fast (tokenizers >= 0.20) gives the same IDs without computing character
+        # offsets: about 1.4x faster (bench/tokenization.py).
         if not texts:
             return []
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -6,12 +6,13 @@ Two kinds, handled differently:
   training row (no prompt or no answer IDs, IDs that are not integers) and a finished row whose
   mask is all-zero, all-one or not as long as its IDs. Exporting such a row would silently train
   nothing or the wrong thing, so the export fails naming the record (unless `--skip-broken`).
-* audit (`audit_problems`): answers whose tokens are suspect: a finished answer that does not
-  end with the format's stop token, a cut-off one that does, a stop token in the middle, or a
-  special-token string found inside reasoning/content text (reconstructed IDs would hold a
-  control token the model never emitted there). These are excluded by default with the reason
-  counted (`--no-checks` keeps them). Stop-token checks need the run's format and tokenizer;
-  without them they are skipped and the summary says so.
+* audit (`audit_problems`): answers whose tokens are suspect, by the token checks of
+  `draftgen audit` (`draftgen.audit.checks`): a finished answer that does not end with the
+  format's stop token, a cut-off one that does, a stop token in the middle, or a special-token
+  string found inside reasoning/content text (reconstructed IDs would hold a control token the
+  model never emitted there). These are excluded by default with the reason counted
+  (`--no-checks` keeps them). Stop-token checks need the run's format and tokenizer; without
+  them they are skipped and the summary says so. `draftgen audit` runs the full set.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Any
 
 import numpy as np
 
-FINISHED = frozenset({"stop", "tool_calls"})
-"""finish_reason values that mean the model ended its turn (so emitted the stop token)."""
-CUT_OFF = frozenset({"length"})
+from draftgen.audit.checks import CUT_OFF, FINISHED, TokenSpec, stop_token_problems
+from draftgen.audit.checks import claim_problems as _claim_problems
+
+__all__ = ["CUT_OFF", "FINISHED", "BrokenRow", "audit_problems", "mask_problem",
+           "structure_problem"]
 
 
 class BrokenRow(Exception):
@@ -73,18 +76,13 @@ def mask_problem(input_ids: Sequence[int], loss_mask: Sequence[int]) -> str | No
     return None
 
 
-def audit_problems(record: dict[str, Any], stop_id: int | None) -> list[str]:
-    """Audit reasons to exclude this answer (empty when it passes)."""
-    problems = [f for f in record.get("flags") or [] if str(f).startswith("special_token_in_")]
+def audit_problems(record: dict[str, Any], stop: int | TokenSpec | None) -> list[str]:
+    """Audit reasons to exclude this answer (empty when it passes): the stop-token checks of
+    `draftgen audit` (`stop`: the format's stop token ID, or its TokenSpec; None skips them)
+    and the special-token text flags."""
+    problems = [p for p in _claim_problems(record) if p.startswith("special_token_in_")]
     ids = record.get("output_ids") or []
-    if stop_id is None or not ids:
+    if stop is None or not ids:
         return problems
-    finish = record.get("finish_reason")
-    ends_with_stop = ids[-1] == stop_id
-    if finish in FINISHED and not ends_with_stop:
-        problems.append("stop_token_missing")
-    if finish in CUT_OFF and ends_with_stop:
-        problems.append("stop_token_on_cut_off_answer")
-    if stop_id in ids[:-1]:
-        problems.append("stop_token_inside_answer")
-    return problems
+    spec = stop if isinstance(stop, TokenSpec) else TokenSpec.of_stop(stop)
+    return [*problems, *stop_token_problems(ids, record.get("finish_reason"), spec.stop_ids)]

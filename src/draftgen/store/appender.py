@@ -1,11 +1,17 @@
 """Append-only JSONL files: each record is one write() of a whole line, so a kill -9 leaves
-every earlier line intact (at worst one torn last line, cut on resume)."""
+every earlier line intact (at worst one torn last line, cut on resume).
+
+With `fsync_interval_s` 0 every line is fsync'ed before `append` returns. Otherwise the periodic
+fsync runs on a background thread, so that a slow disk never stalls the event loop; an fsync
+that fails there raises its StoreError from the next append, sync or close."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +20,18 @@ import orjson
 
 class StoreError(Exception):
     """The run folder cannot be written (disk full, permissions). Nothing written is lost."""
+
+
+_syncer: ThreadPoolExecutor | None = None
+_syncer_lock = threading.Lock()
+
+
+def _background() -> ThreadPoolExecutor:
+    global _syncer
+    with _syncer_lock:
+        if _syncer is None:
+            _syncer = ThreadPoolExecutor(1, thread_name_prefix="draftgen-fsync")
+        return _syncer
 
 
 class JsonlAppender:
@@ -28,6 +46,7 @@ class JsonlAppender:
         self._fsync_interval = fsync_interval_s
         self._last_fsync = time.monotonic()
         self._dirty = False
+        self._pending: Future[None] | None = None
 
     def append(self, record: Any) -> None:
         self.append_bytes(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
@@ -44,8 +63,10 @@ class JsonlAppender:
             raise StoreError(f"{self.path}: write failed: {e.strerror}") from None
         self._size = before + len(line)
         self._dirty = True
-        if self._fsync_interval == 0 or time.monotonic() - self._last_fsync >= self._fsync_interval:
+        if self._fsync_interval == 0:
             self.sync()
+        elif time.monotonic() - self._last_fsync >= self._fsync_interval:
+            self._sync_in_background()
 
     @property
     def size(self) -> int:
@@ -57,7 +78,28 @@ class JsonlAppender:
         with contextlib.suppress(OSError):  # resume detects and cuts a torn tail anyway
             os.ftruncate(self._fd, size)
 
+    def _sync_in_background(self) -> None:
+        if self._pending is not None:
+            if not self._pending.done():
+                return  # the previous one is still running: it is retried after it
+            self._check_pending()
+        self._dirty = False
+        self._last_fsync = time.monotonic()
+        self._pending = _background().submit(os.fsync, self._fd)
+
+    def _check_pending(self) -> None:
+        """Wait for the background fsync, if one runs; raise its failure."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.result()
+        except OSError as e:
+            self._dirty = True
+            raise StoreError(f"{self.path}: fsync failed: {e.strerror}") from None
+
     def sync(self) -> None:
+        self._check_pending()
         if self._dirty:
             try:
                 os.fsync(self._fd)

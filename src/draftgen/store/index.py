@@ -17,6 +17,9 @@ from typing import Any
 
 import orjson
 
+from draftgen.store.columns import ROW, id_hash, read_rows, sync_columns
+from draftgen.store.layout import COLUMNS
+
 log = logging.getLogger("draftgen.store")
 
 
@@ -35,17 +38,22 @@ class IndexEntry:
     check: str | None
     t: float | None
     lat: float | None
+    quant: str | None = None
+    """The upstream quantization (absent from indexes written before it was added)."""
 
     def to_json(self) -> bytes:
         return orjson.dumps({
             "id": self.id, "end": self.end, "backend": self.backend, "provider": self.provider,
             "out": self.out, "reasoning": self.reasoning, "cost": self.cost,
             "finish": self.finish, "check": self.check, "t": self.t, "lat": self.lat,
+            "quant": self.quant,
         }, option=orjson.OPT_APPEND_NEWLINE)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> IndexEntry:
-        return cls(**{k: data.get(k) for k in cls.__slots__})  # type: ignore[attr-defined]
+        g = data.get  # positional: a million entries are read at each resume
+        return cls(g("id"), g("end"), g("backend"), g("provider"), g("out"), g("reasoning"),
+                   g("cost"), g("finish"), g("check"), g("t"), g("lat"), g("quant"))
 
 
 def entry_for(record: dict[str, Any], end: int) -> IndexEntry:
@@ -56,6 +64,7 @@ def entry_for(record: dict[str, Any], end: int) -> IndexEntry:
         reasoning=usage.get("reasoning_tokens"), cost=float(record.get("cost_usd") or 0.0),
         finish=record.get("finish_reason"), check=record.get("token_check"),
         t=record.get("created_at"), lat=record.get("latency_s"),
+        quant=record.get("quantization"),
     )
 
 
@@ -63,47 +72,113 @@ def read_index(index_path: Path, data_path: Path, *, repair: bool
                ) -> tuple[list[IndexEntry], int]:
     """The index entries of a data file, caught up with the data, and the number of lines in
     the rebuilt part that are not records. With `repair`, the index file is rewritten or
-    extended to match (the writer's side); without, nothing is written (readers such as status
-    on a live run)."""
+    extended to match (the writer's side), and so is its binary copy (`store.columns`);
+    without, nothing is written (readers such as status on a live run)."""
     data_size = data_path.stat().st_size if data_path.exists() else 0
-    entries = _load_entries(index_path)
-    valid_end = 0
-    kept = 0
-    for entry in entries:
-        if entry.end > data_size or entry.end <= valid_end:
-            break
-        valid_end = entry.end
-        kept += 1
-    stale = kept != len(entries)
-    del entries[kept:]
+    entries, line_ends = _load_entries(index_path)
+    kept = valid_prefix(entries, data_size)
+    if kept and not ends_a_line(data_path, entries[kept - 1].end):
+        kept = 0  # not this data file's index (the file was replaced): rebuild it all
+    # Stale: entries past the data, or bytes after the last entry (a torn index line).
+    stale = kept != len(entries) or _index_size(index_path) != (line_ends[-1] if line_ends else 0)
+    del entries[kept:], line_ends[kept:]
+    valid_end = entries[-1].end if entries else 0
     skipped: list[int] = []
-    tail = list(_entries_from_data(data_path, valid_end, data_size, skipped))
+    tail = list(entries_from_data(data_path, valid_end, data_size, skipped))
     entries.extend(tail)
-    if repair and (stale or tail):
-        if stale:
-            _rewrite(index_path, entries)
-        else:
-            with open(index_path, "ab") as f:
-                f.write(b"".join(e.to_json() for e in tail))
-        log.info("%s: index rebuilt for %d records", index_path.parent.name, len(tail))
+    if repair:
+        if stale or tail:
+            if stale:
+                line_ends = _rewrite(index_path, entries)
+            else:
+                line_ends.extend(_append(index_path, tail))
+            log.info("%s: index rebuilt for %d records", index_path.parent.name, len(tail))
+        sync_columns(index_path.with_name(COLUMNS), entries, line_ends)
     return entries, len(skipped)
 
 
-def _load_entries(index_path: Path) -> list[IndexEntry]:
+def valid_prefix(entries: list[IndexEntry], data_size: int, start: int = 0) -> int:
+    """How many leading entries describe the data: ends increasing, within the file."""
+    valid_end = start
+    for kept, entry in enumerate(entries):
+        if not isinstance(entry.end, int) or entry.end > data_size or entry.end <= valid_end:
+            return kept
+        valid_end = entry.end
+    return len(entries)
+
+
+def ends_a_line(path: Path, offset: int) -> bool:
+    """Whether the byte before `offset` in the file is a newline."""
+    try:
+        with open(path, "rb") as f:
+            return offset > 0 and os.pread(f.fileno(), 1, offset - 1) == b"\n"
+    except (OSError, ValueError):
+        return False
+
+
+def in_step(columns_path: Path, index_path: Path) -> bool:
+    """Whether the binary copy holds exactly the JSON index's entries (checked at its ends)."""
+    rows = read_rows(columns_path)
+    size = _index_size(index_path)
+    if len(rows) == 0:
+        return size == 0
+    last = rows[-1]
+    if int(last["iend"]) != size or columns_path.stat().st_size != len(rows) * ROW.itemsize:
+        return False
+    start = int(rows[-2]["iend"]) if len(rows) > 1 else 0
+    with open(index_path, "rb") as f:
+        entries, _ = parse_index_lines(os.pread(f.fileno(), size - start, start), start)
+    return (len(entries) == 1 and entries[0].end == int(last["end"])
+            and id_hash(entries[0].id) == int(last["idh"]))
+
+
+def sync_from_index(index_path: Path) -> None:
+    """Rebuild the binary copy from the JSON index as it is (the writer's side, before it
+    appends to a dataset whose copy is missing or out of step)."""
+    columns_path = index_path.with_name(COLUMNS)
+    if not in_step(columns_path, index_path):
+        sync_columns(columns_path, *_load_entries(index_path))
+
+
+def _index_size(index_path: Path) -> int:
+    try:
+        return index_path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _load_entries(index_path: Path) -> tuple[list[IndexEntry], list[int]]:
+    """The entries of the index file and where each one's line ends in it."""
     try:
         raw = index_path.read_bytes()
     except FileNotFoundError:
-        return []
-    entries = []
-    for line in raw.splitlines():
+        return [], []
+    return parse_index_lines(raw, 0)
+
+
+def parse_index_lines(raw: bytes, base: int) -> tuple[list[IndexEntry], list[int]]:
+    """Entries of index bytes read from offset `base`, up to the first line that is not an
+    entry (a torn index line: everything after it is rebuilt from the data)."""
+    entries: list[IndexEntry] = []
+    line_ends: list[int] = []
+    pos = 0
+    while True:
+        nl = raw.find(b"\n", pos)
+        if nl < 0:
+            break
         try:
-            entries.append(IndexEntry.from_json(orjson.loads(line)))
-        except (orjson.JSONDecodeError, TypeError):
-            break  # a torn index line: everything after it is rebuilt from the data
-    return entries
+            entry = IndexEntry.from_json(orjson.loads(raw[pos:nl]))
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
+            break
+        if not isinstance(entry.id, str):
+            break
+        entries.append(entry)
+        pos = nl + 1
+        line_ends.append(base + pos)
+    return entries, line_ends
 
 
-def _entries_from_data(data_path: Path, start: int, end: int, skipped: list[int]
+def entries_from_data(data_path: Path, start: int, end: int, skipped: list[int]
                        ) -> Iterator[IndexEntry]:
     if end <= start:
         return
@@ -124,7 +199,30 @@ def _entries_from_data(data_path: Path, start: int, end: int, skipped: list[int]
                 skipped.append(offset)
 
 
-def _rewrite(index_path: Path, entries: list[IndexEntry]) -> None:
+def _line_ends(lines: list[bytes], start: int) -> list[int]:
+    ends = []
+    for line in lines:
+        start += len(line)
+        ends.append(start)
+    return ends
+
+
+def _append(index_path: Path, entries: list[IndexEntry]) -> list[int]:
+    lines = [e.to_json() for e in entries]
+    with open(index_path, "ab") as f:
+        start = f.tell()
+        f.write(b"".join(lines))
+    return _line_ends(lines, start)
+
+
+def _rewrite(index_path: Path, entries: list[IndexEntry]) -> list[int]:
+    lines = [e.to_json() for e in entries]
     tmp = index_path.with_suffix(".tmp")
-    tmp.write_bytes(b"".join(e.to_json() for e in entries))
+    tmp.write_bytes(b"".join(lines))
     os.replace(tmp, index_path)
+    return _line_ends(lines, 0)
+
+
+def rewrite_index(index_path: Path, entries: list[IndexEntry]) -> None:
+    """Replace the index and its binary copy (after the data file was rewritten)."""
+    sync_columns(index_path.with_name(COLUMNS), entries, _rewrite(index_path, entries))

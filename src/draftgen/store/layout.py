@@ -9,6 +9,8 @@ RESPONSES = "responses.jsonl"
 FAILURES = "failures.jsonl"
 TORN = "torn_tail.bin"
 INDEX = "index.jsonl"
+COLUMNS = "index.v1.bin"
+QUARANTINE = "quarantine.jsonl"
 JOURNAL = "journal.jsonl"
 
 
@@ -35,6 +37,14 @@ class RunLayout:
 
     def index(self, dataset: str) -> Path:
         return self.root / dataset / INDEX
+
+    def columns(self, dataset: str) -> Path:
+        """The binary copy of the index (see `store.columns`)."""
+        return self.root / dataset / COLUMNS
+
+    def quarantine(self, dataset: str) -> Path:
+        """Answers moved out of responses.jsonl by `draftgen audit --quarantine`."""
+        return self.root / dataset / QUARANTINE
 
     @property
     def journal(self) -> Path:

@@ -3,6 +3,7 @@ dies, so a lock left by a kill -9 is recognised as stale and taken over."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from draftgen.store.appender import StoreError
 
 
 class RunLocked(Exception):
@@ -24,8 +27,11 @@ class RunLock:
         self.took_over_stale = False
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StoreError(f"{self.path}: cannot open the run's lock: {e.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -38,14 +44,19 @@ class RunLock:
             ) from None
         self.took_over_stale = os.fstat(fd).st_size > 0
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, orjson.dumps(info), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, orjson.dumps(info), 0)
+        except OSError as e:
+            os.close(fd)
+            raise StoreError(f"{self.path}: cannot write: {e.strerror}") from None
         self._fd = fd
 
     def release(self) -> None:
         if self._fd is None:
             return
-        os.ftruncate(self._fd, 0)
+        with contextlib.suppress(OSError):  # a read-only or full disk: the flock is what counts
+            os.ftruncate(self._fd, 0)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None

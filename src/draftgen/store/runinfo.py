@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from draftgen.store.appender import StoreError
 
 _PACKAGES = ("draftgen", "aiohttp", "tokenizers", "orjson", "pydantic", "pyarrow", "transformers")
 
@@ -35,9 +38,16 @@ def read_run_json(path: Path) -> dict[str, Any]:
 
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Replace the file whole (a reader never sees half of it); a full or read-only disk is a
+    StoreError, and the old file stays as it was."""
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StoreError(f"{path}: cannot write: {e.strerror}") from None
 
 
 def start_session(path: Path, config: dict[str, Any], tokenizer: dict[str, Any]) -> int:
@@ -73,4 +83,27 @@ def record_datasets(path: Path, datasets: dict[str, dict[str, Any]]) -> None:
     that status can show totals without re-reading the datasets."""
     data = read_run_json(path)
     data["datasets"] = datasets
+    write_atomic(path, data)
+
+
+def read_probe(path: Path) -> dict[str, Any]:
+    """run.json's `probe` entry: {"backends": {NAME: result}, "updated_at", "last_gate"}."""
+    probe = read_run_json(path).get("probe")
+    return probe if isinstance(probe, dict) else {}
+
+
+def record_probe(path: Path, results: dict[str, dict[str, Any]],
+                 gate: dict[str, Any] | None = None) -> None:
+    """Store probe results (one per backend, replacing that backend's older one) and, for a
+    run, what it decided (`gate`: backends kept, dropped and why, spend)."""
+    data = read_run_json(path)
+    probe = data.get("probe") if isinstance(data.get("probe"), dict) else {}
+    backends = probe.get("backends") if isinstance(probe.get("backends"), dict) else {}
+    backends.update(results)
+    probe["backends"] = backends
+    probe["updated_at"] = time.time()
+    if gate is not None:
+        probe["last_gate"] = gate
+    data["probe"] = probe
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from draftgen.store.appender import JsonlAppender
-from draftgen.store.index import entry_for
-from draftgen.store.layout import RunLayout
+from draftgen.store.appender import JsonlAppender, StoreError
+from draftgen.store.columns import row_bytes
+from draftgen.store.index import entry_for, sync_from_index
+from draftgen.store.journal import OpenTracker
+from draftgen.store.layout import TORN, RunLayout
+from draftgen.store.resume import cut_torn_tail
 
 
 class Store:
@@ -15,6 +18,12 @@ class Store:
         self.layout = RunLayout(root)
         self._fsync_interval = fsync_interval_s
         self._appenders: dict[Path, JsonlAppender] = {}
+        self._named: dict[tuple[str, str], JsonlAppender] = {}
+        """(RunLayout method, dataset) -> appender: building and hashing a Path for each
+        write cost as much as the write itself (bench/client_throughput.py)."""
+        self._open_requests = OpenTracker()
+        """Requests journaled as sent and not yet ended; written out now and then (see
+        `store.journal`) so that readers need not parse the whole journal."""
 
     def _appender(self, path: Path) -> JsonlAppender:
         appender = self._appenders.get(path)
@@ -23,17 +32,52 @@ class Store:
             self._appenders[path] = appender
         return appender
 
+    def _file(self, kind: str, dataset: str) -> JsonlAppender:
+        """The appender of a dataset's file `getattr(self.layout, kind)(dataset)`."""
+        appender = self._named.get((kind, dataset))
+        if appender is None:
+            appender = self._appender(getattr(self.layout, kind)(dataset))
+            self._named[kind, dataset] = appender
+        return appender
+
+    def _columns(self, dataset: str) -> JsonlAppender:
+        """The binary index copy's appender, brought in step with the JSON index first."""
+        appender = self._named.get(("columns", dataset))
+        if appender is not None:
+            return appender
+        path = self.layout.columns(dataset)
+        if path not in self._appenders:
+            sync_from_index(self.layout.index(dataset))
+        return self._file("columns", dataset)
+
     def append_record(self, dataset: str, record: dict[str, Any]) -> None:
-        """Append the record, then its index entry (a kill between the two is repaired from
-        the data on the next scan)."""
-        data = self._appender(self.layout.responses(dataset))
+        """Append the record, then its index entry, then the entry's binary row (a kill
+        between these is repaired from the data on the next scan)."""
+        columns = self._columns(dataset)
+        data = self._file("responses", dataset)
         data.append(record)
         entry = entry_for(record, data.size)
-        self._appender(self.layout.index(dataset)).append_bytes(entry.to_json())
+        index = self._file("index", dataset)
+        index.append_bytes(entry.to_json())
+        columns.append_bytes(row_bytes(entry, index.size))
 
     def journal(self, event: dict[str, Any]) -> None:
-        """One line of RUN/journal.jsonl: sent / answered / failed / dropped requests."""
-        self._appender(self.layout.journal).append(event)
+        """One line of RUN/journal.jsonl: sent / answered / failed / dropped requests. Before
+        the first one, a torn last line left by a kill is cut (kept in RUN/torn_tail.bin), so
+        that no line is glued onto it."""
+        appender = self._named.get(("journal", ""))
+        if appender is None:
+            path = self.layout.journal
+            if path not in self._appenders:
+                try:
+                    cut_torn_tail(path, self.layout.root / TORN)
+                except OSError as e:
+                    raise StoreError(f"{path}: cannot repair: {e.strerror}") from None
+            appender = self._named["journal", ""] = self._appender(path)
+        appender.append(event)
+        checkpoint = self._open_requests.note(event)
+        if checkpoint is not None:
+            appender.append(checkpoint)
 
     def append_failure(self, dataset: str, failure: dict[str, Any]) -> None:
         self._appender(self.layout.failures(dataset)).append(failure)
@@ -43,6 +87,15 @@ class Store:
             appender.sync()
 
     def close(self) -> None:
+        """Close every file, even when one cannot be synced (full disk); then raise the first
+        StoreError."""
+        first: StoreError | None = None
         for appender in self._appenders.values():
-            appender.close()
+            try:
+                appender.close()
+            except StoreError as e:
+                first = first or e
         self._appenders.clear()
+        self._named.clear()
+        if first is not None:
+            raise first

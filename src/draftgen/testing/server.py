@@ -34,6 +34,9 @@ How the chat endpoint shows reasoning and content (`ServerConfig`):
   everything after `</think>` (it starts with `\\n\\n`).
 - `strip_whitespace=True`: both `.strip()`ed, as some gateways do. This loses information for
   the answers whose own text begins or ends with whitespace (`edge_whitespace_rate`).
+- `reasoning_field`, `tool_call_display` (structured `tool_calls`, or the raw tool block left
+  in the content), `tools_supported=False` (tools ignored), `logprobs_scope` (all tokens,
+  content tokens only, none): the endpoint behaviours `draftgen probe` tells apart.
 
 Token IDs: `usage.completion_tokens` is always the number of IDs the engine reports (vLLM's
 `token_ids`, SGLang's `output_ids`, the `logprobs` entries), except that with
@@ -91,7 +94,9 @@ from draftgen.tokenize import OffLoopBatcher
 
 Layout = Literal["qwen3", "qwen3-thinking"]
 Mode = Literal["openai", "openrouter", "vllm"]
-ReasoningField = Literal["reasoning", "reasoning_content", "both", "none"]
+ReasoningField = Literal["reasoning", "reasoning_content", "both", "reasoning_details", "none"]
+ToolCallDisplay = Literal["structured", "content"]
+LogprobsScope = Literal["all", "content", "none"]
 Json = dict[str, Any]
 Span = tuple[int, int]
 K = TypeVar("K", bound=Hashable)
@@ -202,6 +207,21 @@ class ServerConfig:
     strip_whitespace: bool = False
     raw_slices: bool = False
     reasoning_field: ReasoningField = "reasoning"
+    """Where the chat endpoint puts reasoning: `reasoning`, `reasoning_content`, both,
+    `reasoning_details` (OpenRouter's list of `{"type": "reasoning.text", "text"}` entries), or
+    nowhere ("none": hidden, though its tokens are still counted in `usage`)."""
+    tool_call_display: ToolCallDisplay = "structured"
+    """"structured": `message.tool_calls` (a tool parser on), the tool block left out of the
+    content. "content": no tool parser: the raw `<tool_call>…</tool_call>` text stays in the
+    content (exactly as sampled) and finish_reason is "stop"."""
+    tools_supported: bool = True
+    """False: the request's `tools` are ignored (a provider that drops them): no tool calls."""
+    logprobs_scope: LogprobsScope = "all"
+    """What `logprobs: true` covers: every output token ("all"), only the tokens after
+    `</think>` ("content"), or nothing ("none": no logprobs field at all)."""
+    quantizations: dict[str, str] = field(default_factory=dict)
+    """Provider name -> quantization, listed by `GET /api/v1/models/MODEL/endpoints` as
+    OpenRouter does (providers not named here are listed as "unknown")."""
     edge_whitespace_rate: float = 0.2
     """Share of answers whose reasoning or content begins or ends with whitespace."""
     noncanonical_rate: float = 0.0
@@ -226,6 +246,8 @@ class ServerConfig:
         _check_choice("layout", self.layout, get_args(Layout))
         _check_choice("mode", self.mode, get_args(Mode))
         _check_choice("reasoning_field", self.reasoning_field, get_args(ReasoningField))
+        _check_choice("tool_call_display", self.tool_call_display, get_args(ToolCallDisplay))
+        _check_choice("logprobs_scope", self.logprobs_scope, get_args(LogprobsScope))
         unknown = sorted(set(self.fault_rates) - set(FAULT_KINDS))
         if unknown:
             raise ValueError(f"unknown fault kinds {unknown}; known: {sorted(FAULT_KINDS)}")
@@ -518,6 +540,7 @@ class Completion:
         display: Literal["exact", "raw", "strip"],
         call_id: str,
         noncanonical: bool = False,
+        tool_display: ToolCallDisplay = "structured",
     ) -> None:
         self.vocab = vocab
         self.ids = ids
@@ -529,6 +552,10 @@ class Completion:
         self.regions = regions
         self.reasoning_span, self.content_span = display_spans(self.text, regions, layout, display)
         self.tool_call = _parse_tool_call(self.text, regions.tool, call_id)
+        if tool_display == "content" and regions.tool is not None:
+            # No tool parser: the tool block is part of the content, as sampled.
+            self.content_span = (self.content_span[0], regions.tool[1])
+            self.tool_call = None
         self.finish_reason = "tool_calls" if self.tool_call and finish == "stop" else finish
         self.reasoning_tokens = self._count_reasoning_tokens()
         self._memo: dict[Hashable, Any] = {}
@@ -705,7 +732,8 @@ class FakeModel:
         call_id = "call_" + key.seed.hex()[:24]
         config = self.config
         completion = Completion(
-            self.vocab, cut, finish, config.layout, config.display, call_id, noncanonical
+            self.vocab, cut, finish, config.layout, config.display, call_id, noncanonical,
+            config.tool_call_display,
         )
         return self._completions.put(cache_key, completion)
 
@@ -863,8 +891,8 @@ class ChatRequest:
             show_reasoning=not excluded and body.get("include_reasoning") is not False,
         )
 
-    def wants_tool_call(self, label: str) -> bool:
-        return bool(self.tools) and _asks_for_tool_call(label)
+    def wants_tool_call(self, label: str, tools_supported: bool = True) -> bool:
+        return tools_supported and bool(self.tools) and _asks_for_tool_call(label)
 
 
 def _asks_for_tool_call(label: str) -> bool:
@@ -1048,6 +1076,13 @@ def error_json(kind: str, ctx: ReplyContext, label: str, config: ServerConfig) -
     return body
 
 
+def _reasoning_value(name: str, text: str | None) -> Any:
+    """A reasoning field's value: the text, or for `reasoning_details` a one-entry list."""
+    if name != "reasoning_details" or text is None:
+        return text
+    return [{"type": "reasoning.text", "text": text, "format": "unknown", "index": 0}]
+
+
 def _reasoning_fields(config: ServerConfig, shown: bool) -> tuple[str, ...]:
     if not shown or config.reasoning_field == "none":
         return ()
@@ -1062,7 +1097,7 @@ def _delta(
     if piece.kind == "role":
         return {"role": "assistant", "content": ""}
     if piece.kind == "reasoning":
-        return {name: piece.text for name in reasoning_fields} or None
+        return {name: _reasoning_value(name, piece.text) for name in reasoning_fields} or None
     if piece.kind == "content":
         return {"content": piece.text}
     assert call is not None
@@ -1109,7 +1144,13 @@ class _ChatReply:
             len(self.ctx.prompt_ids), len(comp.ids), comp.reasoning_tokens, self.config.price
         )
 
+    @property
+    def sends_logprobs(self) -> bool:
+        return self.req.logprobs and self.config.logprobs_scope != "none"
+
     def logprobs(self, start: int, end: int) -> Json:
+        if self.config.logprobs_scope == "content":
+            start = max(start, self.comp.reasoning_tokens)
         entries = self.comp.logprobs()[start:end]
         if self.req.top_logprobs > 0:
             entries = [e | {"top_logprobs": [_top(e)]} for e in entries]
@@ -1122,7 +1163,7 @@ class _ChatReply:
             content = "" if self.config.mode == "openrouter" else None
         message: Json = {"role": "assistant", "content": content}
         for name in _reasoning_fields(self.config, self.req.show_reasoning):
-            message[name] = comp.reasoning
+            message[name] = _reasoning_value(name, comp.reasoning)
         if comp.tool_call is not None:
             message["tool_calls"] = [comp.tool_call.as_json()]
         return message
@@ -1135,7 +1176,7 @@ class _ChatReply:
             "finish_reason": finish,
             "native_finish_reason": finish,
         }
-        if self.req.logprobs:
+        if self.sends_logprobs:
             choice["logprobs"] = self.logprobs(0, len(self.comp.ids))
         body = self.head("chat.completion") | {"choices": [choice], "usage": self.usage()}
         if self.token_ids:
@@ -1150,7 +1191,7 @@ class _ChatReply:
             choice["native_finish_reason"] = finish
         if self.token_ids:
             choice["token_ids"] = self.comp.ids[start:end]
-        if self.req.logprobs and end > start:
+        if self.sends_logprobs and end > start:
             choice["logprobs"] = self.logprobs(start, end)
         return choice
 
@@ -1232,6 +1273,21 @@ def _models_json(config: ServerConfig) -> Json:
     return {"object": "list", "data": [model]}
 
 
+def _endpoints_json(config: ServerConfig) -> Json:
+    """OpenRouter's `GET /api/v1/models/MODEL/endpoints`: one entry per provider."""
+    endpoints = [
+        {
+            "name": f"{provider} | {config.model}",
+            "provider_name": provider,
+            "quantization": config.quantizations.get(provider, "unknown"),
+            "context_length": config.context_length,
+            "pricing": _models_json(config)["data"][0]["pricing"],
+        }
+        for provider in config.providers
+    ]
+    return {"data": {"id": config.model, "name": config.model, "endpoints": endpoints}}
+
+
 # --------------------------------------------------------------------------------------------
 # The engine: aiohttp handlers
 
@@ -1306,6 +1362,11 @@ class FakeEngine:
     async def models(self, request: web.Request) -> web.Response:
         return _json_response(_models_json(self.config))
 
+    async def endpoints(self, request: web.Request) -> web.Response:
+        if request.match_info["model"] != self.config.model:
+            return _json_response({"error": {"code": 404, "message": "Model not found"}}, 404)
+        return _json_response(_endpoints_json(self.config))
+
     async def stats_endpoint(self, request: web.Request) -> web.Response:
         with_bodies = request.query.get("bodies", "1") != "0"
         return _json_response(self.stats.snapshot(bodies=with_bodies))
@@ -1326,7 +1387,8 @@ class FakeEngine:
         if early is not None:
             return early
         key = AnswerKey(
-            _digest(req.messages, req.seed, self.config.seed), req.wants_tool_call(label)
+            _digest(req.messages, req.seed, self.config.seed),
+            req.wants_tool_call(label, self.config.tools_supported),
         )
         comp = await self._completion(fault, key, req.max_tokens, self.vocab.stop_ids)
         reply = _ChatReply(self.config, req, ctx, comp)
@@ -1348,7 +1410,9 @@ class FakeEngine:
         early = self._fault_response(fault, False, ctx, label)
         if early is not None:
             return early
-        tool = "<tools>" in prompt_text and _asks_for_tool_call(label)
+        tool = self.config.tools_supported and "<tools>" in prompt_text and _asks_for_tool_call(
+            label
+        )
         key = AnswerKey(_digest(prompt_ids, params.seed, self.config.seed), tool)
         limit = params.max_new_tokens
         if limit is None:
@@ -1538,6 +1602,7 @@ def create_app(config: ServerConfig, stats: ServerStats | None = None) -> web.Ap
         [
             *(web.post(path, engine.chat) for path in chat_paths),
             *(web.get(path, engine.models) for path in model_paths),
+            *(web.get(path + "/{model:.+}/endpoints", engine.endpoints) for path in model_paths),
             web.post("/generate", engine.generate),
             web.get("/health", engine.health),
             web.get("/stats", engine.stats_endpoint),
@@ -1678,6 +1743,15 @@ def _arg_parser() -> argparse.ArgumentParser:
         choices=get_args(ReasoningField),
         default="reasoning",
     )
+    p.add_argument(
+        "--tool-call-display", choices=get_args(ToolCallDisplay), default="structured"
+    )
+    p.add_argument("--no-tools", action="store_true", help="ignore the requests' tools")
+    p.add_argument("--logprobs-scope", choices=get_args(LogprobsScope), default="all")
+    p.add_argument(
+        "--quantization", action="append", default=[], metavar="PROVIDER=Q",
+        help="quantization the endpoints listing names for a provider (repeatable)",
+    )
     p.add_argument("--noncanonical-rate", type=float, default=0.0)
     p.add_argument("--generate-omits-stop-id", action="store_true")
     p.add_argument("--fault-rate", type=_fault_rate, action="append", default=[], metavar="KIND=P")
@@ -1708,6 +1782,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         strip_whitespace=args.strip_whitespace,
         raw_slices=args.raw_slices,
         reasoning_field=args.reasoning_field,
+        tool_call_display=args.tool_call_display,
+        tools_supported=not args.no_tools,
+        logprobs_scope=args.logprobs_scope,
+        quantizations=dict(q.split("=", 1) for q in args.quantization),
         noncanonical_rate=args.noncanonical_rate,
         generate_omits_stop_id=args.generate_omits_stop_id,
         fault_rates=dict(args.fault_rate),

@@ -1,0 +1,230 @@
+"""The checks of one answer that need no tokenizer call: token-level checks against the
+format's special-token IDs (`TokenSpec`), what the record claims, and the config's routing.
+
+Each check returns problem codes (see `PROBLEMS`); an answer passes when it has none. These are
+also the checks `draftgen export` applies to each row (through `export.checks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CUT_OFF = frozenset({"length"})
+"""finish_reason values of an answer cut off by max_tokens: it has no end-of-turn token."""
+FINISHED = frozenset({"stop", "tool_calls", "eos"})
+"""finish_reason values that say the model ended its turn, so emitted a stop token. Other
+values (none, `content_filter`) require neither."""
+
+PROBLEMS: dict[str, str] = {
+    "not_a_record": "a complete line that is not a JSON object with a string id",
+    "missing_fields": "record from an older schema: fields the audit needs are missing",
+    "output_empty": "no output token IDs",
+    "stop_token_missing": "finished answer that does not end with a stop token",
+    "stop_token_on_cut_off_answer": "cut-off answer (finish_reason length) ending with a stop "
+                                    "token",
+    "stop_token_inside_answer": "stop token before the end of the answer",
+    "end_think_missing": "answer with reasoning but no end-of-reasoning token",
+    "end_think_repeated": "end-of-reasoning token more than once",
+    "tool_tokens_unbalanced": "tool-call tokens not opened and closed in pairs",
+    "tool_tokens_without_tools": "tool-call tokens in an answer to a prompt that declared no "
+                                 "tools",
+    "input_ids_not_native": "input_ids differ from the format's rendering of messages + tools",
+    "reasoning_mismatch": "decoded output's reasoning differs from the stored reasoning",
+    "content_mismatch": "decoded output's content differs from the stored content",
+    "tool_calls_mismatch": "decoded output's tool calls differ from the stored tool calls",
+    "exact_not_native": "token_check exact on IDs that are not native",
+    "special_token_in_reasoning": "special-token text inside the reasoning",
+    "special_token_in_content": "special-token text inside the content",
+    "provider_excluded": "answered by a provider the config's routing excluded",
+    "quantization_excluded": "answered at a quantization the config's routing excluded",
+    "duplicate_id": "an ID already answered earlier (this or another dataset's file)",
+}
+"""Every problem code, with what it means."""
+
+REQUIRED = ("id", "input_ids", "output_ids", "finish_reason", "token_source", "token_check",
+            "messages")
+"""Fields the audit reads; a record lacking any is from an older schema."""
+_FLAG_PROBLEMS = ("special_token_in_reasoning", "special_token_in_content")
+
+
+@dataclass(frozen=True)
+class TokenSpec:
+    """The special-token IDs of a model format that the token checks look for."""
+
+    stop_ids: frozenset[int]
+    end_think_id: int | None = None
+    end_think_once: bool = True
+    """False where the end-of-reasoning token also ends other messages (gpt-oss `<|end|>`)."""
+    tool_ids: frozenset[int] = frozenset()
+    tool_pairs: tuple[tuple[int, int], ...] = ()
+    """(opening, closing) tool tokens that must come in pairs."""
+
+    @classmethod
+    def of_stop(cls, stop_ids: int | Iterable[int]) -> TokenSpec:
+        ids = (stop_ids,) if isinstance(stop_ids, int) else tuple(stop_ids)
+        return cls(stop_ids=frozenset(ids))
+
+
+_END_THINK_SEPARATORS = frozenset({"<|end|>"})
+"""End-of-reasoning tokens that also end every other message of the answer (harmony)."""
+
+
+def tool_token_pairs(tokens: Sequence[str]) -> list[tuple[str, str]]:
+    """The tool tokens that open and close a span, paired by name: `<x>`/`</x>` and
+    `…begin…`/`…end…`."""
+    names = set(tokens)
+    pairs = []
+    for tok in tokens:
+        closer = None
+        if "begin" in tok:
+            closer = tok.replace("begin", "end")
+        elif tok.startswith("<") and not tok.startswith("</"):
+            closer = "</" + tok[1:]
+        if closer and closer != tok and closer in names:
+            pairs.append((tok, closer))
+    return pairs
+
+
+def spec_for(fmt: Any) -> TokenSpec:
+    """The TokenSpec of a `formats.Format` (its tokenizer maps the token strings to IDs)."""
+    tok = fmt.tokenizer
+
+    def ids(names: Iterable[str]) -> frozenset[int]:
+        return frozenset(i for i in (tok.token_to_id(n) for n in names) if i is not None)
+
+    end_think = fmt.end_think_token
+    pairs = []
+    for a, b in tool_token_pairs(fmt.tool_tokens):
+        ia, ib = tok.token_to_id(a), tok.token_to_id(b)
+        if ia is not None and ib is not None:
+            pairs.append((ia, ib))
+    return TokenSpec(
+        stop_ids=ids(fmt.stop_tokens),
+        end_think_id=tok.token_to_id(end_think) if end_think else None,
+        end_think_once=end_think not in _END_THINK_SEPARATORS,
+        tool_ids=ids(fmt.tool_tokens),
+        tool_pairs=tuple(pairs),
+    )
+
+
+# ---- the checks ------------------------------------------------------------------------------
+
+
+def missing_fields(record: Mapping[str, Any]) -> list[str]:
+    return [k for k in REQUIRED if k not in record]
+
+
+def stop_token_problems(ids: list[int], finish: Any, stop_ids: Collection[int]) -> list[str]:
+    """Ends with a stop token exactly when finished; no stop token before the end."""
+    if not ids or not stop_ids:
+        return []
+    problems = []
+    ends_with_stop = ids[-1] in stop_ids
+    if finish in FINISHED and not ends_with_stop:
+        problems.append("stop_token_missing")
+    if finish in CUT_OFF and ends_with_stop:
+        problems.append("stop_token_on_cut_off_answer")
+    if sum(ids.count(s) for s in stop_ids) > ends_with_stop:
+        problems.append("stop_token_inside_answer")
+    return problems
+
+
+def end_think_problems(ids: list[int], spec: TokenSpec, *, finished: bool,
+                       has_reasoning: bool, tool_section_ends_reasoning: bool) -> list[str]:
+    """The end-of-reasoning token: at most once (where it is not also a message separator),
+    and present when a finished answer has reasoning, unless a tool section ended the
+    reasoning (Kimi)."""
+    if spec.end_think_id is None:
+        return []
+    n = ids.count(spec.end_think_id)
+    if n > 1 and spec.end_think_once:
+        return ["end_think_repeated"]
+    if n == 0 and has_reasoning and finished and not tool_section_ends_reasoning:
+        return ["end_think_missing"]
+    return []
+
+
+def tool_token_problems(ids: list[int], spec: TokenSpec, *, cut_off: bool,
+                        declared_tools: bool) -> list[str]:
+    """Tool tokens only where the prompt declared tools, each pair opened and closed in turn
+    (a cut-off answer may end inside one)."""
+    if spec.tool_ids.isdisjoint(ids):
+        return []
+    present = [i for i in ids if i in spec.tool_ids]
+    problems = [] if declared_tools else ["tool_tokens_without_tools"]
+    for opening, closing in spec.tool_pairs:
+        depth = 0
+        for i in present:
+            depth += (i == opening) - (i == closing)
+            if depth not in (0, 1):
+                break
+        if depth not in (0, 1) or (depth == 1 and not cut_off):
+            problems.append("tool_tokens_unbalanced")
+            break
+    return problems
+
+
+def claim_problems(record: Mapping[str, Any]) -> list[str]:
+    """What the record says about its IDs and its text fields."""
+    problems = []
+    if record.get("token_check") == "exact" and record.get("token_source") != "native":
+        problems.append("exact_not_native")
+    flags = record.get("flags") or []
+    problems.extend(p for p in _FLAG_PROBLEMS if p in flags)
+    return problems
+
+
+def _slug(name: Any) -> str:
+    return str(name).lower().replace(" ", "").replace("-", "").replace("_", "")
+
+
+def routing_problems(record: Mapping[str, Any], routing: Mapping[str, Any] | None
+                     ) -> list[str]:
+    """The answer's upstream provider and quantization against the backend's OpenRouter
+    provider routing (`ignore`, `only`, `quantizations`) and the runner's flag."""
+    problems = []
+    provider = record.get("provider")
+    excluded = "provider_excluded_by_config" in (record.get("flags") or [])
+    if routing and provider:
+        slug = _slug(provider)
+        only = {_slug(n) for n in routing.get("only") or []}
+        excluded |= slug in {_slug(n) for n in routing.get("ignore") or []}
+        excluded |= bool(only) and slug not in only
+    if excluded:
+        problems.append("provider_excluded")
+    quant = record.get("quantization")
+    allowed = routing.get("quantizations") if routing else None
+    if quant and allowed and _slug(quant) not in {_slug(q) for q in allowed}:
+        problems.append("quantization_excluded")
+    return problems
+
+
+@dataclass
+class Routing:
+    """Each backend's provider routing, from run.json's config."""
+
+    by_backend: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Routing:
+        out = cls()
+        for b in config.get("backends") or []:
+            if isinstance(b, dict) and isinstance(b.get("provider"), dict):
+                out.by_backend[str(b.get("name"))] = b["provider"]
+        return out
+
+    def of(self, backend: Any) -> dict[str, Any] | None:
+        return self.by_backend.get(str(backend))
+
+
+def token_problems(record: Mapping[str, Any], spec: TokenSpec) -> list[str]:
+    """The checks on output_ids alone (no decoding): non-empty, stop token, tool tokens."""
+    ids = record.get("output_ids") or []
+    if not ids:
+        return ["output_empty"]
+    finish = record.get("finish_reason")
+    return [*stop_token_problems(ids, finish, spec.stop_ids),
+            *tool_token_problems(ids, spec, cut_off=finish in CUT_OFF,
+                                 declared_tools=bool(record.get("tools")))]

@@ -1,0 +1,347 @@
+"""Auditing answers in batches: the checks that need the run's tokenizer and format (prompt
+rendering in one `encode_batch` call per batch, decoding, parsing the decoded answer), on top
+of the token checks of `audit.checks`; and one byte range of a responses file at a time, for
+the process pool of `audit.run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from array import array
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+
+from draftgen.audit.checks import (
+    CUT_OFF,
+    FINISHED,
+    PROBLEMS,
+    Routing,
+    TokenSpec,
+    claim_problems,
+    end_think_problems,
+    missing_fields,
+    routing_problems,
+    spec_for,
+    token_problems,
+)
+from draftgen.formats import Format, FormatError, get_format
+from draftgen.formats.base import ParsedAnswer
+from draftgen.tokenize import Tokenizer, load_tokenizer
+from draftgen.types import Prompt
+
+CODES = list(PROBLEMS)
+_BAD_INPUT = (FormatError, ValueError, TypeError, KeyError, AttributeError, OverflowError)
+"""What rendering, decoding or parsing a malformed record can raise: that record fails its
+check, the audit goes on."""
+BIT = {code: 1 << i for i, code in enumerate(CODES)}
+
+
+def problems_of(mask: int) -> list[str]:
+    return [code for code in CODES if mask & BIT[code]]
+
+
+# ---- the run's model format -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """What a worker needs to rebuild the run's tokenizer and format (picklable)."""
+
+    tokenizer: str
+    format: str
+    options: dict[str, Any]
+    routing: dict[str, dict[str, Any]]
+
+    def load(self) -> Auditor:
+        tok = load_tokenizer(self.tokenizer)
+        return Auditor(tok, get_format(self.format, tok, self.options), self.format,
+                       self.options, Routing(dict(self.routing)))
+
+
+def _norm(text: str | None) -> str:
+    """The text without any whitespace (providers strip or keep it at will)."""
+    return "".join((text or "").split())
+
+
+def _words(text: str | None) -> list[str]:
+    """The text's whitespace-separated words: equal lists mean equal but for whitespace
+    (added, removed or changed between words, never inside one)."""
+    return (text or "").split()
+
+
+def _args(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return _norm(value)
+    return value
+
+
+def _calls(calls: Any) -> list[tuple[str, Any]]:
+    out = []
+    for c in calls or []:
+        fn = (c.get("function") or c) if isinstance(c, dict) else {}
+        out.append((str(fn.get("name")), _args(fn.get("arguments"))))
+    return out
+
+
+class Auditor:
+    """Checks batches of records against one model format."""
+
+    def __init__(self, tokenizer: Tokenizer, fmt: Format, format_name: str,
+                 options: Mapping[str, Any], routing: Routing) -> None:
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+        self.spec: TokenSpec = spec_for(fmt)
+        self.routing = routing
+        self._format_name = format_name
+        self._options = dict(options)
+        self._dated: dict[str, Format] = {}
+        self.date_sensitive = ("current_date" in fmt.option_types
+                               and "current_date" not in self._options)
+        """The prompt holds the date it was rendered on (gpt-oss): render each prompt with the
+        day its answer was written, or the day before."""
+
+    def check(self, records: Sequence[dict[str, Any]]) -> list[list[str]]:
+        """The problems of each record (empty list: it passes every check)."""
+        out = [self._static(r) for r in records]
+        self._input_ids(records, out)
+        for record, problems in zip(records, out, strict=True):
+            problems.extend(self._decoded(record))
+        return out
+
+    # ---- checks without the tokenizer ----
+
+    def _static(self, record: dict[str, Any]) -> list[str]:
+        problems = ["missing_fields"] if missing_fields(record) else []
+        if isinstance(record.get("output_ids"), list):
+            problems.extend(token_problems(record, self.spec))
+        problems.extend(claim_problems(record))
+        problems.extend(routing_problems(record, self.routing.of(record.get("backend"))))
+        return problems
+
+    # ---- input_ids ----
+
+    def _format_on(self, day: str) -> Format:
+        fmt = self._dated.get(day)
+        if fmt is None:
+            fmt = get_format(self._format_name, self.tokenizer,
+                             {**self._options, "current_date": day})
+            self._dated[day] = fmt
+        return fmt
+
+    def _render(self, fmt: Format, prompts: list[Prompt]) -> list[list[int] | None]:
+        """`fmt.render_prompts` (one encode_batch call); None for a prompt the format
+        refuses."""
+        try:
+            return list(fmt.render_prompts(prompts))
+        except _BAD_INPUT:
+            pass
+        out: list[list[int] | None] = []
+        for p in prompts:
+            try:
+                out.append(fmt.render_prompt(p.messages, p.tools))
+            except _BAD_INPUT:
+                out.append(None)
+        return out
+
+    def _input_ids(self, records: Sequence[dict[str, Any]], out: list[list[str]]) -> None:
+        todo = [i for i, r in enumerate(records)
+                if isinstance(r.get("messages"), list) and isinstance(r.get("input_ids"), list)]
+        prompts = [Prompt(str(records[i].get("id")), str(records[i].get("dataset")),
+                          records[i]["messages"], records[i].get("tools") or None) for i in todo]
+        if not self.date_sensitive:
+            rendered = self._render(self.fmt, prompts)
+            for i, ids in zip(todo, rendered, strict=True):
+                if ids != records[i]["input_ids"]:
+                    out[i].append("input_ids_not_native")
+            return
+        for i, prompt in zip(todo, prompts, strict=True):
+            if not any(self._render(self._format_on(day), [prompt])[0] == records[i]["input_ids"]
+                       for day in _days(records[i].get("created_at"))):
+                out[i].append("input_ids_not_native")
+
+    # ---- decoded output ----
+
+    def _decoded(self, record: dict[str, Any]) -> list[str]:
+        ids = record.get("output_ids")
+        if not isinstance(ids, list) or not ids:
+            return []
+        try:
+            parsed = self.fmt.parse_answer_text(self.tokenizer.decode(ids))
+            stored = self._stored(record)
+        except _BAD_INPUT:
+            return ["content_mismatch"]
+        finish = record.get("finish_reason")
+        problems = end_think_problems(
+            ids, self.spec, finished=finish in FINISHED,
+            has_reasoning=bool(_norm(parsed.reasoning) or _norm(stored.reasoning)),
+            tool_section_ends_reasoning=bool(parsed.tool_calls) and parsed.reasoning is not None)
+        if {"reasoning", "content"} & record.keys():
+            problems.extend(_text_problems(parsed, stored, record, finish in CUT_OFF))
+        return problems
+
+    def _stored(self, record: dict[str, Any]) -> ParsedAnswer:
+        """The stored fields; raw think text left in the content is split as the runner did."""
+        reasoning, content = record.get("reasoning"), record.get("content")
+        flags = record.get("flags") or []
+        if reasoning is None and content and "reasoning_in_content" in flags:
+            split = self.fmt.parse_answer_text(content)
+            reasoning, content = split.reasoning, split.content
+        return ParsedAnswer(reasoning, content, record.get("tool_calls"), True)
+
+
+def _days(created_at: Any) -> list[str]:
+    if not isinstance(created_at, int | float):
+        return [datetime.now().strftime("%Y-%m-%d")]
+    day = datetime.fromtimestamp(created_at)
+    return [d.strftime("%Y-%m-%d") for d in (day, day - timedelta(days=1))]
+
+
+def _text_problems(parsed: ParsedAnswer, stored: ParsedAnswer, record: dict[str, Any],
+                   cut_off: bool) -> list[str]:
+    """The decoded answer's parts against the stored ones, whitespace-insensitively."""
+    def same(a: str | None, b: str | None) -> bool:
+        x, y = _words(a), _words(b)
+        if x == y:
+            return True
+        # A cut inside a UTF-8 character shows U+FFFD on one side only.
+        return cut_off and _norm(a).rstrip("\ufffd") == _norm(b).rstrip("\ufffd")
+
+    flags = record.get("flags") or []
+    problems = []
+    if "reasoning_dropped" not in flags and not same(parsed.reasoning, stored.reasoning):
+        problems.append("reasoning_mismatch")
+    stored_calls, parsed_calls = _calls(stored.tool_calls), _calls(parsed.tool_calls)
+    if stored_calls and not parsed_calls:
+        # The tool text stayed in the decoded content (it did not render back exactly).
+        content_ok = _norm(parsed.content).startswith(_norm(stored.content))
+        calls_ok = all(name in (parsed.content or "") for name, _ in stored_calls)
+    elif parsed_calls and not stored_calls:
+        # The provider left the tool text in the content (no tool parser).
+        content_ok = _norm(stored.content).startswith(_norm(parsed.content))
+        calls_ok = all(name in (stored.content or "") for name, _ in parsed_calls)
+    else:
+        content_ok = same(parsed.content, stored.content)
+        calls_ok = parsed_calls == stored_calls
+    if not content_ok:
+        problems.append("content_mismatch")
+    if not calls_ok:
+        problems.append("tool_calls_mismatch")
+    return problems
+
+
+# ---- one byte range of a file -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunk:
+    dataset: str
+    path: str
+    start: int
+    stop: int
+    duplicates: frozenset[int] = frozenset()
+    """End offsets of the lines in this range whose ID was answered earlier."""
+
+
+@dataclass
+class ChunkResult:
+    dataset: str
+    records: int = 0
+    problems: Counter[str] = field(default_factory=Counter)
+    groups: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    """(kind "backend"/"provider", name, problem or "" for the answers counted)."""
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    fail_starts: array = field(default_factory=lambda: array("q"))
+    fail_ends: array = field(default_factory=lambda: array("q"))
+    fail_masks: array = field(default_factory=lambda: array("Q"))
+
+
+def _lines(chunk: Chunk) -> list[tuple[int, int, bytes]]:
+    with open(chunk.path, "rb") as f:
+        f.seek(chunk.start)
+        raw = f.read(chunk.stop - chunk.start)
+    out = []
+    pos = 0
+    while pos < len(raw):
+        nl = raw.find(b"\n", pos)
+        if nl < 0:
+            break
+        out.append((chunk.start + pos, chunk.start + nl + 1, raw[pos:nl]))
+        pos = nl + 1
+    return out
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("id"), str) else None
+
+
+def audit_chunk(auditor: Auditor, chunk: Chunk, examples: int = 5) -> ChunkResult:
+    result = ChunkResult(chunk.dataset)
+    lines = _lines(chunk)
+    parsed = [(s, e, _record(line)) for s, e, line in lines if line.strip()]
+    records = [r for _, _, r in parsed if r is not None]
+    checked = iter(auditor.check(records))
+    for start, end, record in parsed:
+        problems = next(checked) if record is not None else ["not_a_record"]
+        if record is not None:
+            result.records += 1
+            if end in chunk.duplicates:
+                problems.append("duplicate_id")
+            _count_groups(result, record, problems)
+        rid = record.get("id") if record is not None else f"{chunk.dataset}@{start}"
+        if problems:
+            _note_failure(result, start, end, str(rid), problems, examples)
+    return result
+
+
+def _count_groups(result: ChunkResult, record: dict[str, Any], problems: list[str]) -> None:
+    provider = record.get("provider") or "-"
+    if record.get("quantization"):
+        provider = f"{provider}/{record['quantization']}"
+    for kind, name in (("backend", str(record.get("backend") or "-")), ("provider", provider)):
+        result.groups[(kind, name, "")] += 1
+        for p in set(problems):
+            result.groups[(kind, name, p)] += 1
+
+
+def _note_failure(result: ChunkResult, start: int, end: int, rid: str, problems: list[str],
+                  examples: int) -> None:
+    mask = 0
+    for p in problems:
+        mask |= BIT[p]
+        result.problems[p] += 1
+        shown = result.examples.setdefault(p, [])
+        if len(shown) < examples and rid not in shown:
+            shown.append(rid)
+    result.fail_starts.append(start)
+    result.fail_ends.append(end)
+    result.fail_masks.append(mask)
+
+
+# ---- worker processes ---------------------------------------------------------------------
+
+_WORKER: Auditor | None = None
+
+
+def init_worker(spec: FormatSpec) -> None:
+    global _WORKER
+    # One process per core already: the tokenizer's own threads would only contend.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER = spec.load()
+
+
+def run_chunk(chunk: Chunk) -> ChunkResult:
+    assert _WORKER is not None, "init_worker was not called"
+    return audit_chunk(_WORKER, chunk)

@@ -1,0 +1,159 @@
+"""What an audit found: counts per check (problem code), per dataset, per backend and per
+provider/quantization, with example IDs; as JSON and as tables."""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftgen.audit.checks import PROBLEMS
+from draftgen.audit.engine import ChunkResult
+
+EXAMPLES = 5
+
+
+@dataclass
+class Failing:
+    """The failing lines of one responses file: byte ranges and problem bit masks."""
+
+    starts: array = field(default_factory=lambda: array("q"))
+    ends: array = field(default_factory=lambda: array("q"))
+    masks: array = field(default_factory=lambda: array("Q"))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def extend(self, r: ChunkResult) -> None:
+        self.starts.extend(r.fail_starts)
+        self.ends.extend(r.fail_ends)
+        self.masks.extend(r.fail_masks)
+
+
+@dataclass
+class DatasetAudit:
+    answers: int = 0
+    problems: Counter[str] = field(default_factory=Counter)
+    failing: Failing = field(default_factory=Failing)
+    snapshot_size: int = 0
+    """Bytes of responses.jsonl audited (the file's size when the audit started)."""
+    torn_tail_bytes: int = 0
+
+
+@dataclass
+class AuditReport:
+    root: Path
+    live: bool
+    tokenizer: str
+    format: str
+    notes: list[str] = field(default_factory=list)
+    datasets: dict[str, DatasetAudit] = field(default_factory=dict)
+    problems: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    groups: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    seconds: float = 0.0
+    workers: int = 1
+
+    @property
+    def answers(self) -> int:
+        return sum(d.answers for d in self.datasets.values())
+
+    @property
+    def failing(self) -> int:
+        """Lines with at least one problem."""
+        return sum(len(d.failing) for d in self.datasets.values())
+
+    @property
+    def ok(self) -> bool:
+        return self.failing == 0
+
+    def add(self, r: ChunkResult) -> None:
+        d = self.datasets[r.dataset]
+        d.answers += r.records
+        d.problems.update(r.problems)
+        d.failing.extend(r)
+        self.problems.update(r.problems)
+        self.groups.update(r.groups)
+        for code, ids in r.examples.items():
+            shown = self.examples.setdefault(code, [])
+            shown.extend(i for i in ids if i not in shown)
+            del shown[EXAMPLES:]
+
+    def _group_json(self, kind: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for (k, name, problem), n in sorted(self.groups.items()):
+            if k != kind:
+                continue
+            entry = out.setdefault(name, {"answers": 0, "problems": {}})
+            if problem:
+                entry["problems"][problem] = n
+            else:
+                entry["answers"] = n
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run_dir": str(self.root),
+            "ok": self.ok,
+            "live": self.live,
+            "tokenizer": self.tokenizer,
+            "format": self.format,
+            "answers": self.answers,
+            "failing": self.failing,
+            "checks": {code: {"failed": self.problems.get(code, 0),
+                              "examples": self.examples.get(code, []),
+                              "meaning": meaning}
+                       for code, meaning in PROBLEMS.items()},
+            "datasets": {name: {"answers": d.answers, "failing": len(d.failing),
+                                "problems": dict(d.problems.most_common()),
+                                "torn_tail_bytes": d.torn_tail_bytes}
+                         for name, d in self.datasets.items()},
+            "by_backend": self._group_json("backend"),
+            "by_provider": self._group_json("provider"),
+            "seconds": round(self.seconds, 3),
+            "answers_per_s": round(self.answers / self.seconds, 1) if self.seconds else None,
+            "workers": self.workers,
+            "notes": self.notes,
+        }
+
+
+def render_report(report: AuditReport, console: Any) -> None:
+    from rich.table import Table
+
+    verdict = "[bold green]all answers pass[/]" if report.ok else (
+        f"[bold red]{report.failing:,} failing line(s)[/]")
+    console.print(f"[bold]{report.root}[/] · {report.answers:,} answers audited against "
+                  f"format {report.format} ({report.tokenizer}) in {report.seconds:.1f}s · "
+                  f"{verdict}", highlight=False)
+    names = list(report.datasets)
+    table = Table(header_style="bold")
+    table.add_column("check")
+    for name in names:
+        table.add_column(name, justify="right")
+    if len(names) > 1:
+        table.add_column("total", justify="right")
+    table.add_column("examples")
+    table.add_row("answers", *[f"{report.datasets[n].answers:,}" for n in names],
+                  *([f"{report.answers:,}"] if len(names) > 1 else []), "", style="dim")
+    for code in PROBLEMS:
+        total = report.problems.get(code, 0)
+        per = [f"{report.datasets[n].problems.get(code, 0):,}" for n in names]
+        style = "red" if total else None
+        table.add_row(code, *per, *([f"{total:,}"] if len(names) > 1 else []),
+                      ", ".join(report.examples.get(code, [])), style=style)
+    console.print(table)
+    for kind, title in (("backend", "by backend"), ("provider", "by provider/quantization")):
+        groups = report._group_json(kind)
+        if not groups:
+            continue
+        t = Table(title=title, title_justify="left", header_style="bold")
+        for col in ("", "answers", "failing checks"):
+            t.add_column(col, justify="right" if col == "answers" else "left")
+        for name, g in groups.items():
+            fails = ", ".join(f"{p} {n:,}" for p, n in sorted(g["problems"].items())) or "-"
+            t.add_row(name, f"{g['answers']:,}", fails)
+        console.print(t)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)

@@ -1,0 +1,27 @@
+"""`draftgen probe`: what each backend does with reasoning, whitespace, tool calls, token counts
+and logprobs, found with a few small requests before a paid run, and a verdict per backend:
+`exact`, `reconstructable`, or `unsafe` with the reasons (see `verdict`).
+
+- `exchange`: the requests and how they are sent;
+- `analyze`: what one answer shows;
+- `verdict`: the rules;
+- `core`: probing started backends; `ProbeOptions`; the cache key;
+- `gate`: `draftgen run`'s use (drop unsafe backends, refuse when none is left, run.json);
+- `command`: the stand-alone command; `show`: table and JSON.
+"""
+
+from draftgen.probe.core import DEFAULT_MAX_TOKENS, ProbeOptions, backend_key, probe_all
+from draftgen.probe.gate import Gate, gate_backends
+from draftgen.probe.model import AnswerReport, BackendProbe, Problem
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "AnswerReport",
+    "BackendProbe",
+    "Gate",
+    "ProbeOptions",
+    "Problem",
+    "backend_key",
+    "gate_backends",
+    "probe_all",
+]

@@ -1,0 +1,69 @@
+"""`draftgen probe CONFIG`: probe every backend of a config on its own (no dataset is read)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from draftgen.backends import Backend, make_backend
+from draftgen.backends.managed_llamacpp import ManagedServers
+from draftgen.config import ConfigError, RunConfig
+from draftgen.formats import Format, get_format
+from draftgen.probe.core import ProbeOptions, probe_all
+from draftgen.probe.model import BackendProbe
+from draftgen.store import RunLayout, RunLock, RunLocked
+from draftgen.store.runinfo import record_probe
+from draftgen.tokenize import load_tokenizer, self_check
+
+log = logging.getLogger("draftgen.probe")
+
+
+def load_format(cfg: RunConfig) -> Format:
+    """The run's tokenizer and model format, self-checked (as `runner.prepare` does)."""
+    tokenizer = load_tokenizer(cfg.model.tokenizer)
+    fmt = get_format(cfg.model.format, tokenizer, cfg.model.format_options)
+    self_check(tokenizer, fmt.special_tokens())
+    return fmt
+
+
+def select_backends(cfg: RunConfig, only: Sequence[str] | None) -> RunConfig:
+    """The config with only the named backends (all when `only` is empty)."""
+    if not only:
+        return cfg
+    names = {b.name for b in cfg.backends}
+    unknown = sorted(set(only) - names)
+    if unknown:
+        raise ConfigError(f"--backend: no backend named {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(names))})")
+    return cfg.model_copy(update={"backends": [b for b in cfg.backends if b.name in only]})
+
+
+async def probe_config(cfg: RunConfig, fmt: Format, opts: ProbeOptions) -> list[BackendProbe]:
+    """Start the config's backends (and managed llama-servers), probe them all, stop them."""
+    async with ManagedServers(cfg.backends, run_dir=cfg.output_dir,
+                              max_tokens=opts.max_tokens) as configs:
+        backends: list[Backend] = [make_backend(b, cfg.model, cfg.sampling) for b in configs]
+        try:
+            for b in backends:
+                await b.start()
+            return await probe_all(fmt, cfg, backends, opts)
+        finally:
+            for b in backends:
+                await b.close()
+
+
+def save_results(cfg: RunConfig, results: Sequence[BackendProbe]) -> str | None:
+    """Record the results in the run folder's run.json, for the run to reuse; a note when it
+    could not (a run is live on the folder)."""
+    layout = RunLayout(Path(cfg.output_dir))
+    lock = RunLock(layout.lock)
+    try:
+        lock.acquire()
+    except RunLocked as e:
+        return f"not recorded in run.json: {e}"
+    try:
+        record_probe(layout.run_json, {r.backend: r.as_dict() for r in results})
+    finally:
+        lock.release()
+    return None

@@ -1,0 +1,196 @@
+"""The probe's requests and how they are sent.
+
+Three small requests per backend: a plain question, one that invites reasoning, and one with a
+tool definition that invites a call. Backends that take the prompt as IDs get it rendered by the
+run's own model format; chat backends get the request body the run would send (same reasoning,
+routing and logprobs settings), and the probe keeps the names of the fields the answer used
+(which `RawAnswer` does not record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from draftgen.backends import Backend
+from draftgen.backends.base import error_from_http, transport_error
+from draftgen.backends.openai_chat import OpenAIChatBackend, StreamAccumulator, answer_from_json
+from draftgen.formats import Format, FormatError
+from draftgen.probe.model import RequestKind
+from draftgen.scheduler import backoff_delay
+from draftgen.types import BackendError, Prompt, RawAnswer
+
+PROBE_DATASET = "(probe)"
+MAX_RETRIES = 2
+"""Retries of one probe request on retryable errors (at most; the backend's own max_retries
+and backoff_max_s still apply)."""
+
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name"}},
+            "required": ["city"],
+        },
+    },
+}
+
+_QUESTIONS: dict[RequestKind, str] = {
+    "plain": "In one short sentence: what is the capital of France?",
+    "reasoning": "Think it through step by step, then give only the result: what is 17 × 23?",
+    "tool": "What is the weather in Paris right now? Call the get_weather tool to find out.",
+}
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    kind: RequestKind
+    prompt: Prompt
+    input_ids: list[int]
+    """The prompt rendered by the run's format (sent as-is to ID endpoints; used to price
+    answers whose usage lacks prompt_tokens)."""
+
+
+def probe_requests(fmt: Format) -> tuple[list[ProbeRequest], list[str]]:
+    """The requests, and notes on the ones left out (a format without a tool layout)."""
+    requests: list[ProbeRequest] = []
+    notes: list[str] = []
+    for kind, question in _QUESTIONS.items():
+        tools = [WEATHER_TOOL] if kind == "tool" else None
+        prompt = Prompt(f"probe-{kind}", PROBE_DATASET,
+                        [{"role": "user", "content": question}], tools)
+        try:
+            ids = fmt.render_prompt(prompt.messages, prompt.tools)
+        except FormatError as e:
+            notes.append(f"{kind} request not sent: {e}")
+            continue
+        requests.append(ProbeRequest(kind, prompt, ids))
+    return requests, notes
+
+
+@dataclass
+class WireFields:
+    """The chat answer's field names, which `RawAnswer` merges away."""
+
+    reasoning: list[str] = field(default_factory=list)
+    """Fields that carried reasoning text, in the order first seen."""
+    encrypted: bool = False
+    """`reasoning_details` came with entries but no text (encrypted or summarised away)."""
+
+    def note(self, message: Mapping[str, Any]) -> None:
+        for key in ("reasoning", "reasoning_content"):
+            value = message.get(key)
+            if isinstance(value, str) and value:
+                self._add(key)
+        details = message.get("reasoning_details")
+        if isinstance(details, list) and details:
+            if any(isinstance(d, dict) and isinstance(d.get("text"), str) and d["text"]
+                   for d in details):
+                self._add("reasoning_details")
+            else:
+                self.encrypted = True
+
+    def _add(self, name: str) -> None:
+        if name not in self.reasoning:
+            self.reasoning.append(name)
+
+
+@dataclass
+class Exchange:
+    request: ProbeRequest
+    raw: RawAnswer | None = None
+    wire: WireFields | None = None
+    """Chat endpoints only."""
+    error: BackendError | None = None
+
+
+@dataclass
+class _RecordingStream(StreamAccumulator):
+    wire: WireFields = field(default_factory=WireFields)
+
+    def _take_choice(self, choice: Mapping[str, Any]) -> None:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            self.wire.note(delta)
+        super()._take_choice(choice)
+
+
+async def _chat_once(backend: OpenAIChatBackend, req: ProbeRequest, max_tokens: int
+                     ) -> tuple[RawAnswer, WireFields]:
+    body = backend.build_body(req.prompt, max_tokens)
+    if not backend.cfg.stream:
+        data, headers = await backend.post_json(backend.url, body)
+        wire = WireFields()
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            message = choices[0].get("message")
+            wire.note(message if isinstance(message, dict) else {})
+        return answer_from_json(data, headers), wire
+    try:
+        async with backend.session.post(backend.url, data=orjson.dumps(body),
+                                        headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                raise error_from_http(resp.status, await resp.read(), resp.headers)
+            acc = _RecordingStream(request_id=resp.headers.get("X-Generation-Id"))
+            async for line in resp.content:
+                if acc.feed_line(line):
+                    break
+            return acc.finish(), acc.wire
+    except BackendError:
+        raise
+    except Exception as e:
+        raise transport_error(e) from None
+
+
+async def _once(backend: Backend, req: ProbeRequest, max_tokens: int
+                ) -> tuple[RawAnswer, WireFields | None]:
+    if isinstance(backend, OpenAIChatBackend):
+        return await _chat_once(backend, req, max_tokens)
+    return await backend.send(req.prompt, req.input_ids, max_tokens), None
+
+
+async def exchange(backend: Backend, req: ProbeRequest, max_tokens: int) -> Exchange:
+    """One probe request, retried a little on retryable errors; errors are returned."""
+    cfg = backend.cfg
+    retries = min(MAX_RETRIES, cfg.max_retries)
+    attempt = 0
+    while True:
+        try:
+            raw, wire = await _once(backend, req, max_tokens)
+            return Exchange(req, raw, wire)
+        except BackendError as e:
+            too_long = e.retry_after is not None and e.retry_after > cfg.backoff_max_s
+            if not e.retryable or e.permanent_for_backend or attempt >= retries or too_long:
+                return Exchange(req, error=e)
+            await asyncio.sleep(backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s,
+                                              e.retry_after))
+            attempt += 1
+
+
+async def listed_quantizations(backend: Backend) -> dict[str, str]:
+    """OpenRouter lists each provider's quantization for a model
+    (`GET /api/v1/models/MODEL/endpoints`); {} for other backends or when it cannot be read."""
+    if not isinstance(backend, OpenAIChatBackend) or backend.cfg.type != "openrouter":
+        return {}
+    url = backend.url.rsplit("/chat/completions", 1)[0] + f"/models/{backend.model.name}/endpoints"
+    try:
+        async with backend.session.get(url) as resp:
+            if resp.status != 200:
+                return {}
+            listing = orjson.loads(await resp.read())
+    except Exception:  # informative only: no listing, no quantization column
+        return {}
+    data = listing.get("data") if isinstance(listing, dict) else None
+    endpoints = data.get("endpoints") if isinstance(data, dict) else None
+    out: dict[str, str] = {}
+    for entry in endpoints if isinstance(endpoints, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("provider_name"), str):
+            out[entry["provider_name"]] = str(entry.get("quantization") or "unknown")
+    return out

@@ -1,0 +1,123 @@
+"""`draftgen run`'s use of the probe: which backends may serve this run.
+
+A backend is left out of the run when the probe found a problem that concerns the run's
+prompts: a problem of every prompt (length mismatches, missing reasoning, a stop token inside
+answers, failed requests), or a tool-call problem when a dataset has prompts with tools (the
+scheduler cannot route prompts by what they need, so such a backend would get tool prompts).
+The others serve the whole run. When no backend is left, the run stops before any request,
+with the reasons. Results are stored in run.json and reused on resume while their key (model,
+tokenizer, backend settings, probe settings) is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftgen.backends import Backend
+from draftgen.probe.core import ProbeOptions, probe_all
+from draftgen.probe.model import BackendProbe, Problem
+from draftgen.store.runinfo import read_probe, record_probe
+
+if TYPE_CHECKING:
+    from draftgen.runner import Plan
+
+log = logging.getLogger("draftgen.probe")
+
+
+@dataclass
+class Gate:
+    results: list[BackendProbe]
+    dropped: dict[str, str] = field(default_factory=dict)
+    """Backend name -> why it does not serve this run."""
+    refused: str | None = None
+    """Set when no backend may serve: the run's failure message."""
+    cost_usd: float = 0.0
+    """Spent by this probe (reused results cost nothing)."""
+
+
+def stored_results(run_json: Path) -> dict[str, BackendProbe]:
+    backends = read_probe(run_json).get("backends")
+    out: dict[str, BackendProbe] = {}
+    for name, data in (backends or {}).items() if isinstance(backends, dict) else ():
+        result = BackendProbe.from_dict(data)
+        if result is not None:
+            out[name] = result
+    return out
+
+
+def dataset_needs(plan: Plan) -> dict[str, set[str]]:
+    """What each dataset's prompts need from a backend beyond plain answers."""
+    return {ds.name: {"tools"} if any(p.tools for p in ds.prompts) else set()
+            for ds in plan.datasets}
+
+
+def _why(problem: Problem, needs: Mapping[str, set[str]]) -> str:
+    if problem.scope == "all":
+        return problem.message
+    names = sorted(n for n, s in needs.items() if problem.scope in s)
+    return f"{problem.message} (datasets needing {problem.scope}: {', '.join(names)})"
+
+
+def decide(results: list[BackendProbe], needs: Mapping[str, set[str]]) -> dict[str, str]:
+    """The backends that may not serve this run, with the reasons."""
+    wanted: set[str] = set().union(*needs.values()) if needs else set()
+    dropped: dict[str, str] = {}
+    for r in results:
+        blocking = r.blocking(wanted)
+        if blocking:
+            dropped[r.backend] = "; ".join(_why(p, needs) for p in blocking)
+        elif r.problems:
+            log.info("backend %s is unsafe for prompts with tools only, and no dataset has "
+                     "tools: it serves", r.backend)
+    return dropped
+
+
+def refusal(dropped: Mapping[str, str], results: list[BackendProbe]) -> str:
+    lines = [f"  {name}: {why}" for name, why in dropped.items()]
+    cached = any(r.cached for r in results)
+    return ("the probe found no backend safe for this run, so nothing was sent:\n"
+            + "\n".join(lines)
+            + ("\n(probe results stored in run.json; --probe probes again)" if cached else "")
+            + "\n`draftgen probe CONFIG` shows the details; `draftgen run --no-probe` skips it")
+
+
+def _log(results: list[BackendProbe], dropped: Mapping[str, str], cost: float) -> None:
+    for r in results:
+        where = " (stored result)" if r.cached else f" · ${r.cost_usd:.4f}"
+        log.info("probe: backend %s: %s%s", r.backend, r.verdict, where)
+        for w in [] if r.cached else r.warnings:  # shown once, when probed
+            log.info("probe: backend %s: %s", r.backend, w)
+    for name, why in dropped.items():
+        log.warning("backend %s left out of this run by the probe: %s", name, why)
+    if any(not r.cached for r in results):
+        log.info("probe spend: $%.4f", cost)
+
+
+def _gate_record(dropped: Mapping[str, str], refused: str | None, cost: float,
+                 results: list[BackendProbe]) -> dict[str, Any]:
+    return {"at": round(time.time(), 3), "dropped": dict(dropped), "refused": refused,
+            "cost_usd": round(cost, 8), "reused": [r.backend for r in results if r.cached],
+            "verdicts": {r.backend: r.verdict for r in results}}
+
+
+async def gate_backends(plan: Plan, backends: list[Backend], opts: ProbeOptions,
+                        run_json: Path) -> Gate:
+    """Probe the started `backends` (or reuse stored results), record the results in
+    run.json, and remove from `backends` (closing them) those that may not serve this run."""
+    results = await probe_all(plan.fmt, plan.cfg, backends, opts, stored_results(run_json))
+    dropped = decide(results, dataset_needs(plan))
+    refused = refusal(dropped, results) if len(dropped) == len(backends) else None
+    cost = sum(r.cost_usd for r in results if not r.cached)
+    record_probe(run_json, {r.backend: r.as_dict() for r in results if not r.cached},
+                 _gate_record(dropped, refused, cost, results))
+    _log(results, dropped, cost)
+    for b in backends:
+        if b.name in dropped:
+            await b.close()
+    backends[:] = [b for b in backends if b.name not in dropped]
+    return Gate(results, dropped, refused, cost)

@@ -1,0 +1,261 @@
+"""3. Bad input: each bad dataset, config or endpoint is met on a run folder that already
+holds answers (a good run first, then the bad one on a copy of it). Each gives a clear message
+naming the file, row or key, exits or skips as appropriate, and leaves every answer already
+written as it was."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from draftgen.testing.server import TestServer
+from tests.e2e_helpers import fast_backend, run_config, write_config
+from tests.reliability.helpers import (
+    check_folder,
+    draftgen,
+    no_probe,
+    prompt_rows,
+    write_jsonl,
+)
+
+pytestmark = pytest.mark.slow  # one `draftgen run` subprocess each
+
+SCENARIO = "3. Bad input"
+GOOD = 20
+
+
+@dataclass
+class Base:
+    server: TestServer
+    root: Path
+    data: Path
+    run_dir: Path
+    cfg: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory, qwen3_dir: Path) -> Iterator[Base]:
+    """A run folder holding GOOD answers from a good run."""
+    root = tmp_path_factory.mktemp("bad_input")
+    data = write_jsonl(root / "d.jsonl", prompt_rows(GOOD, "g"))
+    with TestServer(latency_s=0.01, reasoning_tokens=(5, 20), content_tokens=(5, 20)) as server:
+        path = write_config(root, qwen3_dir, backends=[
+            fast_backend("local", "sglang", server.url, concurrency=8)],
+            datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": 64})
+        assert run_config(path).status == "completed"
+        yield Base(server, root, data, root / "run", yaml.safe_load(path.read_text()))
+
+
+def _bad_run(base: Base, tmp_path: Path, *, extra_lines: list[bytes] = (), new_rows: int = 3,
+             cfg: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+             timeout: float = 120, args: tuple[str, ...] = ()) -> tuple[Any, Path, bytes, Path]:
+    """Copy the good run folder, write a dataset (the good rows, new good rows, the bad
+    lines), run `draftgen run` on the copy. Returns the process, the run folder, the bytes
+    of responses.jsonl before, and the dataset path."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(base.run_dir, run_dir)
+    before = (run_dir / "d" / "responses.jsonl").read_bytes()
+    data = tmp_path / "d.jsonl"
+    good = b"".join(orjson.dumps(r) + b"\n" for r in prompt_rows(GOOD, "g"))
+    new = b"".join(orjson.dumps(r) + b"\n" for r in prompt_rows(new_rows, "n"))
+    data.write_bytes(good + b"".join(line + b"\n" for line in extra_lines) + new)
+    config = {**base.cfg, "output_dir": str(run_dir),
+              "datasets": [{"name": "d", "path": str(data)}]}
+    if cfg:
+        config = _merge(config, cfg)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = draftgen("run", str(path), "--no-live", *args, env=env, timeout=timeout)
+    return proc, run_dir, before, data
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _intact(case: Any, proc: Any, run_dir: Path, before: bytes) -> None:
+    """What every bad-input case must keep: old answers byte for byte, every line whole, no
+    duplicate, no traceback."""
+    after = (run_dir / "d" / "responses.jsonl").read_bytes()
+    check = check_folder(run_dir)
+    case.runs += 1
+    case.lost += sum(1 for line in before.splitlines() if line not in after)
+    case.corrupt += len(check.corrupt) + (not after.startswith(before))
+    case.duplicated += check.duplicated
+    case.crashed += "Traceback" in proc.stderr or proc.returncode not in (0, 1, 2)
+    assert after.startswith(before), "answers written before were changed"
+    assert not check.corrupt and not check.duplicated
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def _answered(run_dir: Path) -> set[str]:
+    return {i.split("/", 1)[1] for i in check_folder(run_dir).ids("d")}
+
+
+BAD_ROWS: list[tuple[str, list[bytes], str | None]] = [
+    ("malformed JSONL lines", [b'{"messages": [{"role": "user", "content": "unterminated',
+                               b"not json at all", b'{"prompt": "x",}'], "not valid JSON"),
+    ("wrong types", [b'{"messages": "not a list"}', b'{"prompt": 42}',
+                     b'{"messages": [{"role": "user", "content": 5}]}', b"[1, 2, 3]",
+                     b'"just a string"'], None),
+    ("empty prompts", [b'{"prompt": ""}', b'{"messages": [{"role": "user", "content": "  "}]}',
+                       b'{"messages": []}'], None),
+    ("non-UTF-8 bytes", [b'{"prompt": "caf\xe9 au lait"}', b'{"prompt": "\xff\xfe"}'],
+     "not UTF-8"),
+    ("rows of an unknown schema", [b'{"foo": "bar"}', b'{"text_a": "x", "label": 1}'], None),
+]
+
+
+@pytest.mark.parametrize("kinds", [BAD_ROWS[:2], BAD_ROWS[2:]], ids=["json-types", "content"])
+def test_bad_rows_are_named_and_skipped(base: Base, tmp_path: Path, reliability,
+                                        kinds: list[tuple[str, list[bytes], str | None]]) -> None:
+    """Kinds of bad rows in one dataset, one run (the log names the first 10 bad rows): each
+    row named by file:line (and why), skipped; the good rows around them answered."""
+    cases = [reliability(SCENARIO, f"{what}: each row named by file:line (and why) in the log "
+                         "and skipped; the rest answered") for what, _, _ in kinds]
+    lines = [line for _, group, _ in kinds for line in group]
+    assert len(lines) <= 10
+    proc, run_dir, before, data = _bad_run(base, tmp_path, extra_lines=lines)
+    for case in cases:
+        _intact(case, proc, run_dir, before)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n = GOOD + 1
+    for case, (_what, group, reason) in zip(cases, kinds, strict=True):
+        named = [x for x in proc.stderr.splitlines()
+                 if any(f"{data}:{i} " in x or x.endswith(f"{data}:{i}")
+                        or f"{data}:{i}:" in x for i in range(n, n + len(group)))]
+        case.note(f"exit {proc.returncode}; {len(named)}/{len(group)} rows named, e.g. "
+                  f"`{named[0].split(' ', 2)[-1] if named else ''}`; the {GOOD} earlier "
+                  "answers untouched")
+        assert len(named) == len(group), (group, proc.stderr[-3000:])
+        assert reason is None or all(reason in x for x in named), named
+        n += len(group)
+    assert _answered(run_dir) == {f"g{i}" for i in range(GOOD)} | {"n0", "n1", "n2"}
+
+
+def test_a_dataset_of_nothing_but_unknown_rows(base: Base, tmp_path: Path, reliability) -> None:
+    case = reliability(SCENARIO, "a dataset whose every row has an unknown schema: named, "
+                       "'no prompts to send', the other dataset carries on")
+    other = write_jsonl(tmp_path / "u.jsonl", [{"foo": i} for i in range(5)])
+    cfg = {"datasets": [{"name": "d", "path": str(tmp_path / "d.jsonl")},
+                        {"name": "u", "path": str(other)}]}
+    proc, run_dir, before, _ = _bad_run(base, tmp_path, cfg=cfg)
+    _intact(case, proc, run_dir, before)
+    case.note(f"exit {proc.returncode}; `u: no prompts to send (5 rows → 0 prompts (5 bad …))`")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{other}:1" in proc.stderr and "u: no prompts to send" in proc.stderr
+
+
+@pytest.mark.parametrize("what,cfg,rc,message", [
+    ("missing dataset file", {"datasets": [{"name": "d", "path": "/nonexistent/d.jsonl"}]}, 2,
+     "/nonexistent/d.jsonl: no such file or folder"),
+    ("unknown dataset file format", {"datasets": [{"name": "d", "path": "__CSV__"}]}, 2,
+     "unknown dataset format"),
+    ("config key typo", {"backends": [{"name": "local", "type": "sglang",
+                                       "url": "http://127.0.0.1:9", "concurency": 4}]}, 2,
+     "backends.0.concurency: unknown key (typo?)"),
+    ("wrong type in the config", {"sampling": {"max_tokens": "lots"}}, 2,
+     "sampling.max_tokens: Input should be a valid integer"),
+    ("missing env var for the API key", {"backends": [{
+        "name": "or", "type": "openrouter", "url": "http://127.0.0.1:9",
+        "api_key_env": "DRAFTGEN_TEST_SURELY_UNSET_KEY"}]}, 2,
+     "environment variable DRAFTGEN_TEST_SURELY_UNSET_KEY (api_key_env) is not set"),
+])
+def test_bad_config_exits_with_the_key_named(base: Base, tmp_path: Path, reliability, what: str,
+                                             cfg: dict[str, Any], rc: int, message: str) -> None:
+    case = reliability(SCENARIO, f"{what}: exit {rc}, the file/key named, nothing sent")
+    if cfg.get("datasets", [{}])[0].get("path") == "__CSV__":
+        (tmp_path / "d.csv").write_text("prompt\nhello\n")
+        cfg = {"datasets": [{"name": "d", "path": str(tmp_path / "d.csv")}]}
+    sent = sum(base.server.stats["requests"].values())
+    proc, run_dir, before, _ = _bad_run(base, tmp_path, cfg=cfg)
+    _intact(case, proc, run_dir, before)
+    said = " ".join(x.strip() for x in proc.stderr.strip().splitlines())
+    case.note(f"exit {proc.returncode}: `{said[:250]}`")
+    assert proc.returncode == rc, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    if what == "config key typo":
+        assert "run.yaml" in proc.stderr
+    assert sum(base.server.stats["requests"].values()) == sent
+
+
+def test_prompt_over_the_context_is_recorded_not_sent(base: Base, tmp_path: Path,
+                                                      reliability) -> None:
+    case = reliability(SCENARIO, "a prompt over model.context_length: recorded as failed "
+                       "(`prompt_too_long`, file:line named), never sent")
+    long_row = orjson.dumps({"id": "long", "prompt": "word " * 400})
+    proc, run_dir, before, data = _bad_run(base, tmp_path, extra_lines=[long_row],
+                                           cfg={"model": {"context_length": 256}})
+    _intact(case, proc, run_dir, before)
+    failures = check_folder(run_dir).failed["d"]
+    case.note(f"exit {proc.returncode}; failures.jsonl: `{failures[0]['message']}`")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [(f["id"], f["kind"]) for f in failures] == [("d/long", "prompt_too_long")]
+    assert f"{data}:{GOOD + 1}" in failures[0]["message"]
+    assert not any("word word" in label for label in base.server.stats["per_prompt"])
+    assert _answered(run_dir) >= {"n0", "n1", "n2"}
+
+
+def test_a_100_mb_line(base: Base, tmp_path: Path, reliability) -> None:
+    case = reliability(SCENARIO, "a 100 MB line (one 100 MB prompt): refused as "
+                       "`prompt_too_long` without tokenizing it, the rest answered")
+    huge = b'{"id": "huge", "prompt": "' + b"word " * (20 * 1024 * 1024) + b'"}'
+    t0 = time.monotonic()
+    proc, run_dir, before, data = _bad_run(base, tmp_path, extra_lines=[huge],
+                                           cfg={"model": {"context_length": 32768}})
+    wall = time.monotonic() - t0
+    _intact(case, proc, run_dir, before)
+    failures = check_folder(run_dir).failed["d"]
+    case.note(f"exit {proc.returncode} after {wall:.0f}s; `{failures[0]['message']}`")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [(f["id"], f["kind"]) for f in failures] == [("d/huge", "prompt_too_long")]
+    assert f"{data}:{GOOD + 1}" in failures[0]["message"]
+    assert _answered(run_dir) >= {"n0", "n1", "n2"}
+    assert wall < 60
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("probe", [True, False], ids=["probe", "no-probe"])
+def test_an_unreachable_url(base: Base, tmp_path: Path, reliability, probe: bool) -> None:
+    how = "the probe refuses the run" if probe else "with --no-probe: prompts recorded as failed"
+    case = reliability(SCENARIO, f"an unreachable URL (connection refused; {how}): the "
+                       "host:port named, bounded retries, nothing lost")
+    if not probe and not no_probe():
+        pytest.skip("draftgen run has no probe to skip")
+    port = _closed_port()
+    cfg = {"backends": [{"name": "gone", "type": "openai", "url": f"http://127.0.0.1:{port}",
+                         "max_retries": 1, "backoff_base_s": 0.01, "backoff_max_s": 0.1,
+                         "concurrency": 2}]}
+    t0 = time.monotonic()
+    proc, run_dir, before, _ = _bad_run(base, tmp_path, cfg=cfg,
+                                        args=() if probe else no_probe())
+    wall = time.monotonic() - t0
+    _intact(case, proc, run_dir, before)
+    failures = check_folder(run_dir).failed.get("d", [])
+    said = proc.stderr + "".join(f["message"] for f in failures)
+    first = next((x for x in proc.stderr.splitlines() if str(port) in x),
+                 failures[0]["message"] if failures else "")
+    case.note(f"exit {proc.returncode} after {wall:.0f}s; {len(failures)} prompts recorded as "
+              f"failed; `{first.strip()[:200]}`")
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert f"127.0.0.1:{port}" in said
+    assert {f["kind"] for f in failures} <= {"connection"}
+    assert probe or len(failures) == 3  # the three new prompts
+    assert wall < 60
