@@ -83,7 +83,7 @@ def test_dollar_budget_holds_with_1000_requests_in_flight(tmp_path: Path, qwen3_
     rows = mixed_rows(3000)
     data = write_jsonl(tmp_path / "d.jsonl", rows)
     budget = 1.0
-    with TestServer(mode="openrouter", prices=PRICE, latency_s=1.0,
+    with TestServer(mode="openrouter", prices=PRICE, latency_s=2.5,
                     reasoning_tokens=(20, 120), content_tokens=(20, 120)) as server:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("or", "openrouter", server.url, concurrency=2000, logprobs=False)],
@@ -249,10 +249,10 @@ def _wait_for_answers(path: Path, n: int, timeout: float = 60) -> None:
 def test_stop_then_resume_loses_and_duplicates_nothing(
     tmp_path: Path, qwen3_dir: Path, how: str
 ) -> None:
-    data = write_jsonl(tmp_path / "d.jsonl", mixed_rows(300))
+    data = write_jsonl(tmp_path / "d.jsonl", mixed_rows(600))
     run_dir = tmp_path / "run"
     responses = run_dir / "d" / "responses.jsonl"
-    with TestServer(latency_s=0.3) as server:
+    with TestServer(latency_s=0.5) as server:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("local", "sglang", server.url, concurrency=40)],
             datasets=[{"name": "d", "path": str(data)}])
@@ -282,7 +282,7 @@ def test_stop_then_resume_loses_and_duplicates_nothing(
         outcome = run_config(cfg)
     assert outcome.status == "completed"
     ids = [r["id"] for r in read_records(run_dir, "d")]
-    assert len(ids) == len(set(ids)) == 300 and before <= set(ids)
+    assert len(ids) == len(set(ids)) == 600 and before <= set(ids)
 
 
 @pytest.mark.slow

@@ -15,8 +15,7 @@ Then both runs are audited (`draftgen audit`, exit 0) and the mixed run is expor
 (speculators, JSONL too) and each row checked against its record.
 
 Two more small runs (native, then chat with logprobs; max_tokens 26) cover characters split
-across tokens: an answer cut off inside one, and a finished answer with one inside (two tests
-marked xfail until the logprob fix proposed with bench/fidelity.py lands; see
+across tokens: an answer cut off inside one, and a finished answer with one inside (see
 docs/benchmarks.md, "Token fidelity on a real engine").
 
 Needs the engine: `scripts/build_llama_server.sh` builds (or reuses) llama-server and installs
@@ -65,9 +64,6 @@ UTF8_PROMPTS = [
     "Qual è il piatto più famoso di Napoli?",
 ]
 UTF8_MAX_TOKENS = 26
-SRC_FIX = ("needs the logprob fix proposed with bench/fidelity.py (tokenize.ids_from_logprobs: "
-           "split merged entries; formats.base: check the engine's token count); remove this "
-           "marker with it")
 BACKENDS = {
     "native": {"endpoint": "native"},
     "chat": {"endpoint": "chat", "logprobs": True},
@@ -290,7 +286,6 @@ def test_utf8_premise(utf8_runs: tuple[dict[str, dict[str, Any]], dict[str, dict
         assert r["content"] is not None
 
 
-@pytest.mark.xfail(strict=True, reason=SRC_FIX)
 def test_answer_cut_inside_a_character_is_never_exact(
         utf8_runs: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]) -> None:
     """The chat text stops before the cut character and no logprob entry carries its tokens:
@@ -300,7 +295,6 @@ def test_answer_cut_inside_a_character_is_never_exact(
     assert r["token_check"] != "exact" or r["output_ids"] == truth["output_ids"], r
 
 
-@pytest.mark.xfail(strict=True, reason=SRC_FIX)
 def test_merged_logprob_entries_give_the_engine_ids(
         utf8_runs: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]) -> None:
     native, chat = utf8_runs

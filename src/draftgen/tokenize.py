@@ -113,6 +113,7 @@ class Tokenizer(ABC):
         self.path = path
         self._sha256: str | None = None
         self._bytes_to_id: dict[bytes, int] | None = None
+        self._id_to_bytes: dict[int, bytes] | None = None
 
     @property
     def sha256(self) -> str:
@@ -149,6 +150,12 @@ class Tokenizer(ABC):
         if self._bytes_to_id is None:
             self._bytes_to_id = build_bytes_to_id(*self._vocab_parts())
         return self._bytes_to_id
+
+    def id_to_bytes(self, token_id: int) -> bytes | None:
+        """A vocabulary ID's bytes (the inverse of `bytes_to_id`), built once."""
+        if self._id_to_bytes is None:
+            self._id_to_bytes = {v: k for k, v in self.bytes_to_id().items()}
+        return self._id_to_bytes.get(token_id)
 
 
 class FastTokenizer(Tokenizer):
@@ -266,15 +273,110 @@ def logprob_token_id(tokenizer: Tokenizer, entry: LogprobToken) -> int | None:
     return tokenizer.bytes_to_id().get(raw)
 
 
-def ids_from_logprobs(tokenizer: Tokenizer, entries: Sequence[LogprobToken]) -> list[int] | None:
-    """Every entry's ID, or None when one of them maps to no vocabulary entry."""
-    ids = []
+def ids_from_logprobs(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
+                      completion_tokens: int | None = None) -> list[int] | None:
+    """Every entry's ID, or None when one of them maps to no vocabulary entry.
+
+    llama-server holds back a token that ends inside a multi-byte UTF-8 character and reports
+    it in the next entry: that entry's `id` is the last token's, its `bytes` cover the tokens
+    held back too (tools/server/server-context.cpp `process_token`, `validate_utf8`). Such an
+    entry stands for several IDs: the split of its extra bytes into vocabulary tokens, each
+    leaving the text cut inside a character (else the server would have sent it). When a split
+    is not unique, the engine's token count (`completion_tokens`) must single out one
+    combination over the whole answer; otherwise None."""
+    ids: list[int] = []
+    options: list[list[list[int]]] = []
+    text = b""
     for entry in entries:
         tid = logprob_token_id(tokenizer, entry)
         if tid is None:
             return None
-        ids.append(tid)
-    return ids
+        splits = _merged_splits(tokenizer, entry, tid, text)
+        if splits is None:
+            return None
+        options.append(splits)
+        if entry.bytes is not None:
+            text = (text + bytes(entry.bytes))[-3:]
+    if all(len(o) == 1 for o in options):
+        for o in options:
+            ids.extend(o[0])
+        return ids
+    return _unique_total(options, completion_tokens)
+
+
+_MAX_SPLITS = 64
+
+
+def _cut_inside_char(text: bytes) -> bool:
+    """llama-server's `validate_utf8`: the text ends inside a multi-byte character."""
+    n = len(text)
+    for i in range(1, min(4, n) + 1):
+        c = text[n - i]
+        if ((c & 0xE0) == 0xC0 and i < 2) or ((c & 0xF0) == 0xE0 and i < 3) or (
+                (c & 0xF8) == 0xF0 and i < 4):
+            return True
+    return False
+
+
+def _merged_splits(tokenizer: Tokenizer, entry: LogprobToken, tid: int, before: bytes
+                   ) -> list[list[int]] | None:
+    """The ID sequences an entry can stand for: [[tid]] unless its bytes are longer than the
+    token's and end with them (held-back tokens before it; see `ids_from_logprobs`). None when
+    its extra bytes split no way, or too many ways to list."""
+    if entry.id is None or entry.bytes is None:
+        return [[tid]]
+    table = tokenizer.bytes_to_id()
+    own = tokenizer.id_to_bytes(tid)
+    raw = bytes(entry.bytes)
+    if own is None or raw == own or len(raw) <= len(own) or not raw.endswith(own):
+        return [[tid]]
+    prefix = raw[: -len(own)]
+    found: list[list[int]] = []
+
+    def walk(pos: int, acc: list[int]) -> bool:
+        if pos == len(prefix):
+            found.append([*acc, tid])
+            return len(found) <= _MAX_SPLITS
+        for end in range(pos + 1, len(prefix) + 1):
+            piece = table.get(prefix[pos:end])
+            if piece is not None and _cut_inside_char(before + prefix[:end]) \
+                    and not walk(end, [*acc, piece]):
+                return False
+        return True
+
+    if not walk(0, []) or not found:
+        return None
+    return found
+
+
+def _unique_total(options: list[list[list[int]]], total: int | None) -> list[int] | None:
+    """The one combination of per-entry options whose length is `total`, or None (no total,
+    none, or more than one)."""
+    if total is None:
+        return None
+    # ways[length] = (number of combinations reaching it, capped at 2; back-pointer)
+    layers: list[dict[int, tuple[int, tuple[int, int] | None]]] = []
+    ways: dict[int, tuple[int, tuple[int, int] | None]] = {0: (1, None)}
+    for opts in options:
+        nxt: dict[int, tuple[int, tuple[int, int] | None]] = {}
+        for length, (count, _) in ways.items():
+            for k, o in enumerate(opts):
+                reach = length + len(o)
+                if reach <= total:
+                    before = nxt.get(reach, (0, None))[0]
+                    nxt[reach] = (min(2, before + count), (length, k))
+        layers.append(nxt)
+        ways = nxt
+    if ways.get(total, (0, None))[0] != 1:
+        return None
+    out: list[list[int]] = []
+    length = total
+    for opts, layer in zip(reversed(options), reversed(layers), strict=True):
+        back = layer[length][1]
+        assert back is not None
+        length, k = back
+        out.append(opts[k])
+    return [t for o in reversed(out) for t in o]
 
 
 # ---- loading --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from draftgen.tokenize import Tokenizer, ids_from_logprobs
+from draftgen.tokenize import Tokenizer, ids_from_logprobs, logprob_token_id
 from draftgen.types import Message, Prompt, RawAnswer, Rebuilt, TokenCheck, Tool
 
 _REGISTRY: dict[str, type[Format]] = {}
@@ -268,19 +268,32 @@ class Format(ABC):
         the answer finished (the candidate ends with a stop token only then) and the stop token
         is certain, so its ID is appended. Anything else (logprobs over the content only, none
         for the reasoning, an unknown token) is incomplete: None."""
-        ids = ids_from_logprobs(self.tokenizer, raw.logprobs or [])
+        n = raw.usage.completion_tokens
+        ids = ids_from_logprobs(self.tokenizer, raw.logprobs or [], n)
         if ids is None:
             return None
         decoded = self.tokenizer.decode(ids)
+        found: list[int] | None = None
         for candidate in text.candidates:
             if decoded == candidate:
-                return ids
+                found = ids
+                break
             for stop in self.stop_tokens:
                 if candidate.endswith(stop) and decoded == candidate[: -len(stop)]:
                     stop_id = self.tokenizer.token_to_id(stop)
                     if stop_id is not None:
-                        return [*ids, stop_id]
-        return self._ids_matching_fields(raw, ids, decoded)
+                        found = [*ids, stop_id]
+                        break
+            if found is not None:
+                break
+        if found is None:
+            found = self._ids_matching_fields(raw, ids, decoded)
+        # The engine's count must agree: an answer cut off inside a multi-byte character has
+        # its last tokens in no logprob entry (llama-server holds them back) and its text cut
+        # before them, so the IDs above decode to the text yet miss the tail.
+        if found is not None and n is not None and len(found) != n:
+            return None
+        return found
 
     def _ids_matching_fields(self, raw: RawAnswer, ids: list[int], decoded: str
                              ) -> list[int] | None:
@@ -306,7 +319,11 @@ class Format(ABC):
         return ids
 
     def _from_logprobs(self, raw: RawAnswer, ids: list[int]) -> Rebuilt:
-        appended = len(ids) > len(raw.logprobs or [])
+        # Appended: the last ID is not the one the last logprob entry stands for (one entry can
+        # stand for several IDs, see `ids_from_logprobs`, so the counts do not tell).
+        last = raw.logprobs[-1] if raw.logprobs else None
+        appended = bool(ids) and (
+            last is None or logprob_token_id(self.tokenizer, last) != ids[-1])
         flags = [IDS_FROM_LOGPROBS, *([STOP_TOKEN_APPENDED] if appended else [])]
         return Rebuilt(
             output_ids=ids,
