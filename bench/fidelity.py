@@ -14,7 +14,11 @@ paths, each a real `draftgen run` (one run.yaml per path, a managed server per r
 
 Records are joined by prompt ID. Where a path's answer decodes to other text than the native
 answer (generation diverged, or the server changed the text) the pair says nothing about
-tokenization: it is counted apart, as "text differs", and left out of the token figures.
+tokenization: it is counted apart, as "text differs", and left out of the token figures. One
+exception: a native answer cut off by max_tokens inside a multi-byte character, whose chat text
+the server ends before that character; it is the same answer and is compared (its last tokens
+are in no text and no logprob entry, so the path's IDs cannot be right; they must not be
+labelled `exact`).
 
 Usage:
     python bench/fidelity.py                      # 210 prompts, max_tokens 150 (~30 min, 2 cores)
@@ -598,6 +602,10 @@ def main() -> int:
     prompts_file.write_text(text, encoding="utf-8")
 
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    unknown = sorted(set(paths) - set(PATHS))
+    if unknown:
+        print(f"fidelity: unknown --paths {unknown}; known: {', '.join(PATHS)}", file=sys.stderr)
+        return 2
     if "native" not in paths:
         paths.insert(0, "native")
     walls: dict[str, float] = {}

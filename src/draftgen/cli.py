@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from draftgen import perf
 from draftgen.backends.managed_llamacpp import ManagedServerError
 from draftgen.config import ConfigError, RunConfig, load_config
 from draftgen.datasets import DatasetError
@@ -123,8 +124,9 @@ def run(
             _print_plan(plan)
             return
         probe = None if no_probe else ProbeOptions(force=force_probe)
-        outcome = asyncio.run(Runner(plan, live_display=False if no_live else None,
-                                     probe=probe).execute())
+        # uvloop's event loop when installed (draftgen[fast]): see draftgen.perf.run
+        outcome = perf.run(Runner(plan, live_display=False if no_live else None,
+                                  probe=probe).execute())
     except _USER_ERRORS as e:
         raise _fail(str(e)) from None
     counters = outcome.counters

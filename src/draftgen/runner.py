@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftgen.audit.checks import routing_problems
 from draftgen.backends import Backend, make_backend
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
 from draftgen.budget import Ledger, Reservation
@@ -587,21 +588,6 @@ def render_within(fmt: Format, prompts: list[Prompt], context_length: int | None
     return out
 
 
-def _provider_excluded(routing: dict[str, Any] | None, provider: str | None) -> bool:
-    """An answer from a provider that the config's OpenRouter routing excluded."""
-    if not routing or not provider:
-        return False
-    slug = provider.lower().replace(" ", "").replace("-", "")
-
-    def norm(names: Any) -> set[str]:
-        return {str(n).lower().replace(" ", "").replace("-", "") for n in names or []}
-
-    if slug in norm(routing.get("ignore")):
-        return True
-    only = norm(routing.get("only"))
-    return bool(only) and slug not in only
-
-
 def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: Rebuilt,
                 backend: Backend, cost: float, latency_s: float, retries: int
                 ) -> dict[str, Any]:
@@ -610,8 +596,8 @@ def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: R
     if raw.prompt_ids is not None and raw.prompt_ids != input_ids:
         flags.append("prompt_ids_differ_from_engine")
         input_ids = raw.prompt_ids  # what the engine actually saw
-    if _provider_excluded(backend.cfg.provider, raw.provider):
-        flags.append("provider_excluded_by_config")
+    served_by = {"provider": raw.provider, "quantization": raw.quantization}
+    flags.extend(f"{p}_by_config" for p in routing_problems(served_by, backend.cfg.provider))
     record: dict[str, Any] = {
         "id": prompt.id,
         "dataset": prompt.dataset,

@@ -40,10 +40,11 @@ CHAINS = int(os.environ.get("DRAFTGEN_RELIABILITY_CHAINS", "1"))
 """Run folders killed side by side (2 helps only where CPUs are idle while sessions start)."""
 MIN_IN_FLIGHT = 1000
 LATENCY_S = 3.0
-"""The server holds each request this long: answers start landing ~LATENCY_S after the
-first request, so random kill moments fall both before and while answers are written."""
-KILL_WINDOW_S = 2.5
-"""A kill comes this long (uniformly at random) after the 1,000th request is in flight."""
+"""The server holds each request this long: a session reaches 1,000 requests in flight before
+its first answer lands."""
+WRITE_WINDOW_S = 1.5
+"""A kill comes at a uniformly random moment from the 1,000th request in flight to this long
+after the first answers are due (LATENCY_S after the session's first request)."""
 HEADROOM = 3500
 """Unanswered prompts at the start of each session (the dataset grows to keep them)."""
 
@@ -115,11 +116,23 @@ def _kill_chain(root: Path, qwen3_dir: Path, kills: int, seed: int) -> Chain:
             proc = start_run(cfg, *no_probe())
             try:
                 wait_until(lambda p=proc: p.poll() is not None
+                           or server.stats()["in_flight"] > 0, 120, f"kill {k}: a request")
+                first = time.monotonic()
+                wait_until(lambda p=proc: p.poll() is not None
                            or server.stats()["in_flight"] >= MIN_IN_FLIGHT, 120,
                            f"kill {k}: {MIN_IN_FLIGHT} requests in flight")
                 out.ramp_s.append(time.monotonic() - t0)
-                time.sleep(rng.uniform(0, KILL_WINDOW_S))
+                # until the first answers are due, then a while into writing them
+                due = max(0.0, first + LATENCY_S - time.monotonic())
+                time.sleep(rng.uniform(0, due + WRITE_WINDOW_S))
+                # in flight dips while the first answers land together: kill at the first
+                # moment from then on with 1,000+ in flight
+                deadline = time.monotonic() + 30
                 in_flight = server.stats()["in_flight"]
+                while (in_flight < MIN_IN_FLIGHT and proc.poll() is None
+                       and time.monotonic() < deadline):
+                    time.sleep(0.002)
+                    in_flight = server.stats()["in_flight"]
                 if proc.poll() is not None:  # it must still be running: a crash
                     out.crashed += 1
                     text = proc.stdout.read().decode(errors="replace") if proc.stdout else ""

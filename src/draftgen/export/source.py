@@ -196,6 +196,12 @@ def _cached_tokenizer(path: str) -> Tokenizer:
     return _TOKENIZERS[key]
 
 
+def _format_options(run_json: dict[str, Any]) -> dict[str, Any]:
+    model = (run_json.get("config") or {}).get("model") or {}
+    options = model.get("format_options")
+    return options if isinstance(options, dict) else {}
+
+
 def load_run_tokenizer(source: RunSource, override: Path | None = None) -> RunTokenizer:
     """The tokenizer run.json names (or `override`) and the run's format, best effort."""
     path = str(override) if override else source.tokenizer_path
@@ -213,7 +219,7 @@ def load_run_tokenizer(source: RunSource, override: Path | None = None) -> RunTo
     fmt = None
     if source.format_name:
         try:
-            fmt = get_format(source.format_name, tok)
+            fmt = get_format(source.format_name, tok, _format_options(source.run_json))
         except FormatError as e:
             note += f"; format unavailable: {e}"
     else:
