@@ -235,6 +235,7 @@ def run_config(folder: Path, url: str, datasets: list[dict[str, Any]], *, backen
         "datasets": datasets,
         **top,
     }
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

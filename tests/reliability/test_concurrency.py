@@ -27,7 +27,9 @@ from tests.reliability.helpers import (
 )
 
 SCENARIO = "6. Concurrency safety"
-N = 1800
+N = 900
+"""At 16 in flight and 0.5 s a request, about 30 s of live run (not CPU-bound, so about
+the same on a busy machine): time for the readers to run beside it."""
 
 
 @pytest.mark.slow
@@ -45,14 +47,14 @@ def test_readers_and_a_second_writer_during_a_live_run(tmp_path: Path, qwen3_dir
     small = write_jsonl(tmp_path / "e.jsonl", prompt_rows(3, "e"))
     with TestServer(latency_s=0.5, reasoning_tokens=(5, 30), content_tokens=(5, 30)) as server:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
-            fast_backend("local", "sglang", server.url, concurrency=64)],
+            fast_backend("local", "sglang", server.url, concurrency=16)],
             datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": 64})
         other = write_config(tmp_path / "other", qwen3_dir, backends=[
             fast_backend("x", "openai", server.url, concurrency=4)],
             datasets=[{"name": "e", "path": str(small)}], output_dir=str(run_dir))
         proc = start_run(cfg, *no_probe())
         try:
-            wait_until(lambda: line_count(responses) >= 50, 60, "50 answers")
+            wait_until(lambda: line_count(responses) >= 10, 60, "10 answers")
             for config in (cfg, other):
                 refused = draftgen("run", str(config), "--no-live", timeout=60)
                 second.runs += 1
@@ -60,7 +62,7 @@ def test_readers_and_a_second_writer_during_a_live_run(tmp_path: Path, qwen3_dir
                 assert proc.poll() is None, "the live run ended before the check: make it longer"
                 assert refused.returncode == 2, refused.stderr
                 assert f"pid {proc.pid}" in refused.stderr and "in use" in refused.stderr
-            second.note(f"exit 2: `{refused.stderr.strip().splitlines()[-1][:160]}`")
+            second.note(f"exit 2: `{refused.stderr.strip().splitlines()[-1]}`")
             done_seen: list[int] = []
             slowest = 0.0
             commands = [["status"], ["status", "--json"], ["audit", "--json", "-j", "1"],

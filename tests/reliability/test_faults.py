@@ -65,7 +65,7 @@ def test_mixed_faults_at_realistic_rates(tmp_path: Path, qwen3_dir: Path, reliab
     rows = prompt_rows(N_PROMPTS)
     data = write_jsonl(tmp_path / "d.jsonl", rows)
     run_dir = tmp_path / "run"
-    credits = {"402credits": 0.002}
+    credits = {"402credits": 0.01}  # the paid backend is out of credits after ~100 requests
     with ServerProcess("--mode", "openrouter", "--prices", "0.5,2.5", "--latency", "0.05",
                        "--reasoning-tokens", "5,40", "--content-tokens", "5,40",
                        *_fault_args(RATES | credits), "--seed", "1") as paid, \

@@ -226,8 +226,9 @@ def test_kill_9_at_random_moments_under_1000_in_flight_then_resume(
         chains=len(chains), prompts=sum(c.prompts for c in chains), in_flight_at_kill=in_flight,
         answers_written_by_killed_sessions=written,
         seconds_from_start_to_1000_in_flight=[round(s, 1) for s in ramp])
+    folders = "one run folder" if len(chains) == 1 else f"{len(chains)} run folders"
     kills.note(
-        f"{kills.runs} kills over {len(chains)} run folders; requests in flight at the kill: "
+        f"{kills.runs} kills on {folders}; requests in flight at the kill: "
         f"min {min(in_flight):,}, median {int(statistics.median(in_flight)):,}, max "
         f"{max(in_flight):,}; the killed sessions had written {sum(written):,} answers "
         f"({sum(1 for n in written if n == 0)} were killed before their first); "
