@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -97,3 +98,13 @@ def read_failures(run_dir: Path, dataset: str) -> list[dict[str, Any]]:
 def fast_backend(name: str, type_: str, url: str, **kw: Any) -> dict[str, Any]:
     return {"name": name, "type": type_, "url": url, "backoff_base_s": 0.01,
             "backoff_max_s": 2.0, **kw}
+
+
+def wait_for_lines(path: Path, n: int, timeout: float = 60) -> None:
+    """Wait until a growing JSONL file (written by a run in another process) has `n` lines."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= n:
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"{path}: fewer than {n} lines after {timeout}s")

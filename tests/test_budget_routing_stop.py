@@ -24,6 +24,7 @@ from tests.e2e_helpers import (
     read_failures,
     read_records,
     run_config,
+    wait_for_lines,
     write_config,
     write_jsonl,
 )
@@ -235,15 +236,6 @@ def _start_run(cfg: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def _wait_for_answers(path: Path, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_bytes().count(b"\n") >= n:
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"{path}: fewer than {n} answers after {timeout}s")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["graceful", "now", "kill"])
 def test_stop_then_resume_loses_and_duplicates_nothing(
@@ -257,7 +249,7 @@ def test_stop_then_resume_loses_and_duplicates_nothing(
             fast_backend("local", "sglang", server.url, concurrency=40)],
             datasets=[{"name": "d", "path": str(data)}])
         proc = _start_run(cfg)
-        _wait_for_answers(responses, 50)
+        wait_for_lines(responses, 50)
         if how == "kill":
             os.kill(proc.pid, signal.SIGKILL)
         else:
@@ -294,7 +286,7 @@ def test_a_second_run_on_a_live_folder_is_refused(tmp_path: Path, qwen3_dir: Pat
             datasets=[{"name": "d", "path": str(data)}])
         first = _start_run(cfg)
         try:
-            _wait_for_answers(tmp_path / "run" / "d" / "responses.jsonl", 1)
+            wait_for_lines(tmp_path / "run" / "d" / "responses.jsonl", 1)
             second = subprocess.run([sys.executable, "-m", "draftgen", "run", str(cfg)],
                                     capture_output=True, text=True, timeout=60)
             assert second.returncode == 2

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,14 @@ from draftgen.store.fast_index import load_index_columns
 from draftgen.store.index import read_index
 from draftgen.store.journal import read_journal
 from draftgen.testing.server import TestServer
-from tests.e2e_helpers import fast_backend, mixed_rows, read_records, write_config, write_jsonl
+from tests.e2e_helpers import (
+    fast_backend,
+    mixed_rows,
+    read_records,
+    wait_for_lines,
+    write_config,
+    write_jsonl,
+)
 
 
 def _record(i: int, **kw: Any) -> dict[str, Any]:
@@ -304,15 +310,6 @@ def _journal_open(run_dir: Path) -> set[str]:
     return {i for i in sent if sent[i] > ended[i]} - _done_ids(run_dir)
 
 
-def _wait_lines(path: Path, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_bytes().count(b"\n") >= n:
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"{path}: fewer than {n} lines after {timeout}s")
-
-
 @pytest.mark.slow
 def test_status_on_a_live_then_killed_then_stopped_run(tmp_path: Path, qwen3_dir: Path) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", mixed_rows(400))
@@ -325,7 +322,7 @@ def test_status_on_a_live_then_killed_then_stopped_run(tmp_path: Path, qwen3_dir
         run = [sys.executable, "-m", "draftgen", "run", str(cfg), "--no-live"]
         proc = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            _wait_lines(responses, 30)
+            wait_for_lines(responses, 30)
             # live: between the files before and after the call
             low = len(_done_ids(run_dir))
             live = _status_json(run_dir)
@@ -345,7 +342,7 @@ def test_status_on_a_live_then_killed_then_stopped_run(tmp_path: Path, qwen3_dir
         assert killed["total"]["pending"] == 400 - killed["total"]["done"]
         # a second session, stopped gracefully: nothing left in flight
         proc = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_lines(responses, killed["total"]["done"] + 20)
+        wait_for_lines(responses, killed["total"]["done"] + 20)
         subprocess.run([sys.executable, "-m", "draftgen", "stop", str(run_dir)], check=True,
                        capture_output=True, timeout=60)
         assert proc.wait(timeout=60) == 0
