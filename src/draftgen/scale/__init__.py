@@ -1,0 +1,1 @@
+"""Beyond one client: sharded runs (`--shard I/N`), shared budgets across shards, Ray."""
