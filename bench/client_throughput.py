@@ -9,7 +9,8 @@ getrusage inside the child around the measured phase (CPU seconds, all threads):
   answer, discard it. The floor: what any asyncio client must at least spend.
 - sdk: `openai.OpenAI(...).chat.completions.create` in a ThreadPoolExecutor of WORKERS threads,
   each answer written to a JSONL file (`model_dump_json`): the pattern of today's regeneration
-  scripts. No tokenization (it does less work than draftgen).
+  scripts, asking for logprobs the way draftgen's backend does. No tokenization (it does less
+  work than draftgen).
 - draftgen: `Runner.execute()` on a run.yaml with one openrouter backend at CONCURRENCY:
   rendering, sending, reconstruction + tokenization (or IDs from logprobs), store + index +
   journal, progress counters, budget ledger.
@@ -17,13 +18,20 @@ getrusage inside the child around the measured phase (CPU seconds, all threads):
 Variants: logprobs off, logprobs on, streaming (logprobs off). Before each variant a warm-up
 pass fills the server's answer cache, so the server spends as little CPU as it can.
 
+Before/after in one run: `--baseline-src DIR` measures the floor and draftgen a second time with
+the draftgen package of DIR (the `src` folder of an earlier checkout, put first on PYTHONPATH
+of those children; the floor then sends that tree's request bodies). Each draftgen row also
+gives its event-loop thread's CPU per answer ("loop").
+
     /work/venv/bin/python bench/client_throughput.py [--n 20000] [--concurrency 2000]
+        [--variants plain,logprobs,stream] [--uvloop] [--skip-sdk] [--baseline-src DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -41,7 +49,7 @@ SERVER_ARGS = ["--mode", "openrouter", "--reasoning-tokens", "150,300",
 # ---- children ---------------------------------------------------------------------------------
 
 
-def _bodies(config: Path) -> tuple[str, list[bytes]]:
+def _bodies(config: Path) -> tuple[str, list[dict[str, Any]]]:
     """The chat URL and the exact request bodies draftgen's backend sends for this run."""
     from draftgen.backends import make_backend
     from draftgen.config import load_config
@@ -51,13 +59,21 @@ def _bodies(config: Path) -> tuple[str, list[bytes]]:
     backend = make_backend(cfg.backends[0], cfg.model, cfg.sampling)
     prompts = [p for ds in cfg.datasets for p in iter_prompts(ds)]
     max_tokens = cfg.sampling.max_tokens
-    return backend.url, [orjson.dumps(backend.build_body(p, max_tokens)) for p in prompts]
+    return backend.url, [backend.build_body(p, max_tokens) for p in prompts]
+
+
+def _draftgen_src() -> str:
+    """Where the child imported draftgen from (the tree under test, see --baseline-src)."""
+    import draftgen
+
+    return str(Path(draftgen.__file__).parent)
 
 
 def child_raw(config: Path, concurrency: int) -> dict[str, Any]:
     import aiohttp
 
-    url, bodies = _bodies(config)
+    url, built = _bodies(config)
+    bodies = [orjson.dumps(b) for b in built]
 
     async def main() -> int:
         sem = asyncio.Semaphore(concurrency)
@@ -79,7 +95,7 @@ def child_raw(config: Path, concurrency: int) -> dict[str, Any]:
     with common.PhaseMeter() as m:
         received = asyncio.run(main())
     return {"answers": len(bodies), "wall_s": m.wall_s, "cpu_s": m.cpu_s,
-            "mb_received": received / 1e6}
+            "mb_received": received / 1e6, "src": _draftgen_src()}
 
 
 def child_sdk(config: Path, workers: int) -> dict[str, Any]:
@@ -104,13 +120,15 @@ def child_sdk(config: Path, workers: int) -> dict[str, Any]:
     lock = threading.Lock()
     extra = {"usage": {"include": True}, "reasoning": {"enabled": True}}
     s = cfg.sampling
+    # The same logprob fields as draftgen's own request.
+    logprob_fields = {k: v for k, v in _bodies(config)[1][0].items()
+                      if k in ("logprobs", "top_logprobs")}
 
     def one(prompt: Any) -> None:
         kw: dict[str, Any] = {"model": cfg.model.name, "messages": prompt.messages,
                               "max_tokens": s.max_tokens, "temperature": s.temperature,
                               "top_p": s.top_p, "extra_body": extra}
-        if b.logprobs:
-            kw.update(logprobs=True, top_logprobs=1)
+        kw.update(logprob_fields)
         if b.stream:
             parts = []
             for chunk in client.chat.completions.create(stream=True, **kw):
@@ -150,18 +168,24 @@ def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
                          f"failed={t.failed if t else '?'}")
     return {"answers": done, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
             "not_exact": t.not_exact, "main_thread_cpu_s": threads.main_s,
-            "other_threads_cpu_s": threads.other_s}
+            "other_threads_cpu_s": threads.other_s, "src": _draftgen_src()}
 
 
 # ---- the parent -----------------------------------------------------------------------------
 
 
-def _measure(kind: str, config: Path, args: argparse.Namespace, **kw: Any) -> dict[str, Any]:
+def _measure(kind: str, config: Path, args: argparse.Namespace, *, uvloop: bool = False,
+             src: Path | None = None) -> dict[str, Any]:
+    """One child run; `src`: import draftgen from that tree instead (PYTHONPATH). Each
+    draftgen run starts on an empty output folder (else it would resume a finished run)."""
     cmd = [sys.executable, __file__, "--child", kind, "--config", str(config),
-           "--concurrency", str(args.concurrency), "--workers", str(kw.get("workers",
-                                                                            args.workers))]
-    if kw.get("uvloop"):
+           "--concurrency", str(args.concurrency), "--workers", str(args.workers)]
+    if uvloop:
         cmd.append("--uvloop")
+    if src is not None:
+        cmd = ["env", f"PYTHONPATH={src}", *cmd]  # env execs python: wait4 still measures it
+    if kind == "draftgen":
+        shutil.rmtree(config.parent / "run", ignore_errors=True)
     r = common.run_child(cmd)
     r["answers_s"] = r["answers"] / r["wall_s"]
     r["cpu_per_1k"] = r["cpu_s"] / r["answers"] * 1000
@@ -173,8 +197,38 @@ def _row(name: str, r: dict[str, Any], floor: dict[str, Any], pool: dict[str, An
     ratio = f"{r['answers_s'] / floor['answers_s']:.2f}× floor"
     if pool is not None:
         ratio += f", {r['answers_s'] / pool['answers_s']:.2f}× sdk"
-    return (f"  {name:<22} {r['answers_s']:8.0f} answers/s  {r['cpu_per_1k']:6.2f} CPU s/1k  "
-            f"peak RSS {r['peak_rss_mb']:6.0f} MB   {ratio}")
+    loop = (f"  loop {r['main_thread_cpu_s'] / r['answers'] * 1000:.2f} ms/answer"
+            if "main_thread_cpu_s" in r else "")
+    return (f"  {name:<30} {r['answers_s']:8.0f} answers/s  {r['cpu_per_1k']:6.2f} CPU s/1k  "
+            f"peak RSS {r['peak_rss_mb']:6.0f} MB   {ratio}{loop}")
+
+
+def _measure_tree(config: Path, args: argparse.Namespace, src: Path | None, tag: str = ""
+                  ) -> dict[str, dict[str, Any]]:
+    """The floor, then draftgen (and draftgen on uvloop), with one draftgen tree."""
+    _measure("raw", config, args, src=src)  # warm-up: fills the server's answer cache
+    runs = {f"raw{tag}": _measure("raw", config, args, src=src),
+            f"draftgen{tag}": _measure("draftgen", config, args, src=src)}
+    if args.uvloop:
+        runs[f"draftgen+uvloop{tag}"] = _measure("draftgen", config, args, uvloop=True, src=src)
+    return runs
+
+
+def _print_variant(variant: str, runs: dict[str, dict[str, Any]],
+                   pool: dict[str, Any] | None, args: argparse.Namespace) -> None:
+    """Each draftgen run against the floor measured with the same tree (and the SDK)."""
+    for tag in ("", " (before)"):
+        floor = runs.get(f"raw{tag}")
+        if floor is None:
+            continue
+        print(f"{variant}{tag}: {floor['mb_received'] / args.n * 1000:.0f} kB per answer, "
+              f"draftgen from {floor['src']}")
+        print(_row("raw aiohttp (floor)", floor, floor, None))
+        if pool is not None and not tag:
+            print(_row(f"openai SDK, {args.workers} thr", pool, floor, None))
+        for name in (f"draftgen{tag}", f"draftgen+uvloop{tag}"):
+            if name in runs:
+                print(_row(name, runs[name], floor, pool), flush=True)
 
 
 def main() -> int:
@@ -185,6 +239,9 @@ def main() -> int:
     p.add_argument("--variants", default="plain,logprobs,stream")
     p.add_argument("--uvloop", action="store_true", help="also run draftgen under uvloop")
     p.add_argument("--skip-sdk", action="store_true")
+    p.add_argument("--baseline-src", type=Path, help="also measure the floor and draftgen "
+                   "with the draftgen package of this tree (the `src` folder of an earlier "
+                   "checkout): before/after in one run")
     p.add_argument("--child")
     p.add_argument("--config", type=Path)
     args = p.parse_args()
@@ -210,21 +267,12 @@ def main() -> int:
             config = common.run_config(folder, url, [{"name": "bench", "path": str(dataset)}],
                                        logprobs=variant == "logprobs",
                                        stream=variant == "stream")
-            _measure("raw", config, args)  # warm-up: fills the server's answer cache
-            floor = _measure("raw", config, args)
-            print(f"{variant}: {floor['mb_received'] / args.n * 1000:.0f} kB per answer",
-                  flush=True)
+            runs = _measure_tree(config, args, None)
             pool = None if args.skip_sdk else _measure("sdk", config, args)
-            runs = {"draftgen": _measure("draftgen", config, args)}
-            if args.uvloop:
-                (folder / "run").rename(folder / "run-asyncio")
-                runs["draftgen+uvloop"] = _measure("draftgen", config, args, uvloop=True)
-            print(_row("raw aiohttp (floor)", floor, floor, None))
-            if pool is not None:
-                print(_row(f"openai SDK, {args.workers} thr", pool, floor, None))
-            for name, r in runs.items():
-                print(_row(name, r, floor, pool), flush=True)
-            results[variant] = {"raw": floor, "sdk": pool, **runs}
+            if args.baseline_src:
+                runs |= _measure_tree(config, args, args.baseline_src, " (before)")
+            _print_variant(variant, runs, pool, args)
+            results[variant] = {"sdk": pool, **runs}
     print(orjson.dumps(results).decode())
     return 0
 

@@ -470,7 +470,7 @@ async def test_native_and_chat_paths_agree(engine: Engine) -> None:
         assert chat.usage.completion_tokens == len(native.output_ids), text
         if native.finish_reason == "stop":
             last = chat.logprobs[-1]
-            assert (last.id, last.token, last.bytes) == (2, "", []), text
+            assert (last.id, last.token, last.bytes) == (2, "", b""), text
         assert chat.content == engine.tok.decode(body), text
         # The same answer through draftgen's format: native IDs kept as they are.
         [rebuilt] = engine.fmt.rebuild_batch([native])

@@ -15,6 +15,9 @@ The spend rate (`usd_per_minute`) is a token bucket of dollars: capacity one min
 refilled continuously; a request takes its worst case from it and gets the difference back when
 it settles. A request whose worst case alone exceeds the bucket is admitted when the bucket is
 full, so a rate below one request's worst case slows the run to one such request per minute.
+
+In a sharded run each shard's ledger holds the shard's lease on the run's budgets instead of the
+budgets themselves (`usd` and the token limits follow the lease; draftgen.scale.leases).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class Admission:
     """The dollar budget cannot take this request now; `settling` says whether requests in
     flight may still free enough of it."""
     settling: bool = False
+    worst_usd: float = 0.0
+    """The priced worst case of the request (also when it was not admitted)."""
 
 
 @dataclass
@@ -87,6 +92,15 @@ class Ledger:
         allowed = min(max_tokens, left)
         return allowed if allowed >= min(max_tokens, self.min_request_tokens) else None
 
+    def committed_tokens(self, dataset: str) -> int:
+        """Output tokens of this dataset spent or reserved."""
+        budget = self.datasets[dataset]
+        return budget.spent_tokens + budget.reserved_tokens
+
+    def set_token_limit(self, dataset: str, max_output_tokens: int) -> None:
+        """A new token budget for the dataset (a shard's lease grew or shrank)."""
+        self.datasets[dataset].max_output_tokens = max_output_tokens
+
     def token_budget_done(self, dataset: str) -> bool:
         """No request can be admitted for this dataset, now or later."""
         budget = self.datasets[dataset]
@@ -94,12 +108,17 @@ class Ledger:
 
     # ---- dollars (per run) --------------------------------------------------------------
 
+    def committed_usd(self) -> float:
+        """Dollars spent or reserved."""
+        return self.spent_usd + self.reserved_usd
+
     def admit(self, dataset: str, max_tokens: int, prompt_tokens: int, price: Price | None
               ) -> Admission:
         worst = price.cost(prompt_tokens, max_tokens) if price else 0.0
         if worst > 0:
             if self.usd is not None and self.spent_usd + self.reserved_usd + worst > self.usd:
-                return Admission(exhausted=True, settling=self.priced_in_flight > 0)
+                return Admission(exhausted=True, settling=self.priced_in_flight > 0,
+                                 worst_usd=worst)
             wait = self._take_from_bucket(worst)
             if wait > 0:
                 self.throttled = True
@@ -111,7 +130,12 @@ class Ledger:
         budget.in_flight += 1
         self.reserved_usd += worst
         self.priced_in_flight += worst > 0
-        return Admission(reservation=reservation)
+        return Admission(reservation=reservation, worst_usd=worst)
+
+    def set_rate(self, usd_per_minute: float | None) -> None:
+        """A new spend rate (a shard's part of the run's), starting with a full bucket."""
+        self.usd_per_minute = usd_per_minute
+        self._bucket = usd_per_minute or 0.0
 
     def _take_from_bucket(self, amount: float) -> float:
         if not self.usd_per_minute:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from draftgen import perf
+from draftgen.backends import BackendNotReady
 from draftgen.backends.managed_llamacpp import ManagedServerError
 from draftgen.config import ConfigError, RunConfig, load_config
 from draftgen.datasets import DatasetError
@@ -25,7 +27,8 @@ from draftgen.export.options import ExportFormat, MinCheck, Overlong
 from draftgen.formats import FormatError
 from draftgen.probe import DEFAULT_MAX_TOKENS, ProbeOptions
 from draftgen.runner import Plan, Runner, prepare, render_each
-from draftgen.store import RunLayout, RunLocked, StoreError, lock_holder
+from draftgen.scale.shards import ShardError, ShardSpec, live_parts, run_parts
+from draftgen.store import RunLocked, StoreError
 from draftgen.tokenize import TokenizerError, chunked
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -107,6 +110,17 @@ def run(
     force_probe: Annotated[bool, typer.Option(
         "--probe", help="Probe again even where run.json holds a probe result for this "
         "config (by default a resumed run reuses it).")] = False,
+    shard: Annotated[str | None, typer.Option(
+        "--shard", metavar="I/N", help="Answer only shard I of N (0-based): the prompts whose "
+        "stable ID hashes to I, written to OUTPUT_DIR/shards/I-of-N/, which resumes on its "
+        "own. status, audit, export and report of OUTPUT_DIR read every shard as one run.")
+        ] = None,
+    ray: Annotated[int | None, typer.Option(
+        "--ray", metavar="N", min=1, help="Run the config as N shards on a Ray cluster "
+        "(needs ray installed).")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", metavar="ADDR", help="The Ray cluster to join with --ray (default: "
+        "a local one).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Generate answers. Re-running the same command on the same output_dir resumes.
@@ -116,14 +130,20 @@ def run(
     _setup_logging(verbose)
     if no_probe and force_probe:
         raise _fail("--probe and --no-probe contradict each other")
+    probe = None if no_probe else ProbeOptions(force=force_probe)
+    spec = _shard_spec(shard, ray, ray_address, dry_run)
+    if ray is not None:
+        raise typer.Exit(_run_on_ray(config, ray, ray_address,
+                                     live=False if no_live else None, probe=probe))
     try:
         cfg = load_config(config)
         _check_backend_keys(cfg)
-        plan = prepare(cfg)
+        plan = prepare(cfg, shard=spec)
         if dry_run:
             _print_plan(plan)
+            if spec is not None:
+                _print_shard(plan, spec)
             return
-        probe = None if no_probe else ProbeOptions(force=force_probe)
         # uvloop's event loop when installed (draftgen[fast]): see draftgen.perf.run
         outcome = perf.run(Runner(plan, live_display=False if no_live else None,
                                   probe=probe).execute())
@@ -132,14 +152,52 @@ def run(
     counters = outcome.counters
     if counters is not None:
         t = counters.total()
+        where = (f"shard {spec} → {spec.folder(Path(cfg.output_dir))}" if spec
+                 else f"→ {cfg.output_dir}")
         console.print(
             f"{outcome.status}: {t.done_before + t.done:,}/{t.total:,} answered "
             f"({t.done:,} this session), {t.failed:,} failed, {t.exhausted:,} out of attempts, "
             f"{t.pending:,} pending, {t.output_tokens:,} output tokens, ${t.cost:.4f} "
-            f"→ {cfg.output_dir}", highlight=False)
+            f"{where}", highlight=False)
     if outcome.message:
         console.print(outcome.message, highlight=False)
     raise typer.Exit(outcome.exit_code)
+
+
+def _shard_spec(shard: str | None, ray: int | None, ray_address: str | None,
+                dry_run: bool) -> ShardSpec | None:
+    """--shard parsed; --ray and --ray-address checked against the other options."""
+    if ray is not None and shard is not None:
+        raise _fail("--ray runs every shard itself: drop --shard")
+    if ray is not None and dry_run:
+        raise _fail("--dry-run sends nothing: drop --ray (or run --dry-run --shard I/N)")
+    if ray_address is not None and ray is None:
+        raise _fail("--ray-address needs --ray N")
+    try:
+        return ShardSpec.parse(shard) if shard is not None else None
+    except ShardError as e:
+        raise _fail(str(e)) from None
+
+
+def _run_on_ray(config: Path, shards: int, address: str | None, *, live: bool | None,
+                probe: ProbeOptions | None) -> int:
+    """`run --ray N`: the exit status of the N shards run as Ray tasks."""
+    # Imported here: ray is optional and heavy, and a run on one machine never needs it.
+    try:
+        from draftgen.scale.ray_run import run_on_ray
+    except ImportError as e:
+        raise _fail(f"--ray needs Ray: {e}") from None
+    try:
+        return run_on_ray(config, shards=shards, address=address, live=live, probe=probe)
+    except _USER_ERRORS as e:
+        raise _fail(str(e)) from None
+
+
+def _print_shard(plan: Plan, spec: ShardSpec) -> None:
+    counts = ", ".join(f"{ds.name} {len(ds.prompts):,} of {ds.load.prompts:,}"
+                       for ds in plan.datasets)
+    Console(soft_wrap=True).print(f"shard {spec}: prompts {counts} → "
+                                  f"{spec.folder(Path(plan.cfg.output_dir))}", highlight=False)
 
 
 @app.command()
@@ -174,7 +232,7 @@ def probe(
         note = save_results(cfg, results) if save else None
     except _USER_ERRORS as e:
         raise _fail(str(e)) from None
-    except ManagedServerError as e:
+    except (ManagedServerError, BackendNotReady) as e:
         raise _fail(str(e), code=1) from None
     if as_json:
         sys.stdout.write(orjson.dumps(to_json(results), option=orjson.OPT_INDENT_2).decode()
@@ -193,13 +251,31 @@ def stop(
     now: Annotated[bool, typer.Option(
         "--now", help="Abort requests in flight instead of waiting for them.")] = False,
 ) -> None:
-    """Ask a running `draftgen run` on RUN_DIR to stop (graceful unless --now)."""
-    holder = lock_holder(RunLayout(run_dir).lock)
-    if not holder or not holder.get("pid"):
+    """Ask a running `draftgen run` on RUN_DIR to stop (graceful unless --now); on a sharded
+    run, every live shard on this machine (shards live on other machines are named)."""
+    live = [(part, holder) for part, holder in live_parts(run_parts(run_dir))
+            if holder.get("pid")]
+    if not live:
         raise _fail(f"{run_dir}: no draftgen run is live on this folder", code=1)
-    pid = int(holder["pid"])
-    os.kill(pid, signal.SIGUSR1 if now else signal.SIGTERM)
-    console.print(f"asked pid {pid} to stop {'now' if now else 'gracefully'}")
+    here = socket.gethostname()
+    asked = 0
+    for part, holder in live:
+        pid, host = int(holder["pid"]), holder.get("host")
+        which = f" (shard {part.label})" if part.shard else ""
+        if host not in (None, here):
+            console.print(f"pid {pid} on {host} holds {part.folder}{which}: run draftgen stop "
+                          "there", highlight=False)
+            continue
+        try:
+            os.kill(pid, signal.SIGUSR1 if now else signal.SIGTERM)
+        except ProcessLookupError:
+            console.print(f"pid {pid}{which} has already exited", highlight=False)
+            continue
+        asked += 1
+        console.print(f"asked pid {pid} to stop {'now' if now else 'gracefully'}{which}",
+                      highlight=False)
+    if not asked:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -336,9 +412,10 @@ def audit(
 
     _setup_logging(False)
     if quarantine:  # refuse before spending minutes on the audit
-        holder = lock_holder(RunLayout(run_dir).lock)
-        if holder:
-            raise _fail(f"{run_dir}: a draftgen run is live on this folder (pid "
+        held = live_parts(run_parts(run_dir))
+        if held:
+            part, holder = held[0]
+            raise _fail(f"{part.folder}: a draftgen run is live on this folder (pid "
                         f"{holder.get('pid', '?')}); stop it first (draftgen stop {run_dir})")
     try:
         report = audit_run(run_dir, workers=workers, tokenizer=tokenizer,

@@ -10,9 +10,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from draftgen.assets import resolve_builtin
+from draftgen.scale.shards import SHARDS_DIR
 
 BackendType = Literal["openai", "openrouter", "vllm", "sglang", "llamacpp"]
 REDACTED = "***"
+RESERVED_FOLDERS = frozenset({SHARDS_DIR})
+"""Folders of a run folder that are not datasets: no dataset may take their names."""
 
 
 class ConfigError(Exception):
@@ -64,6 +67,29 @@ class Price(_Strict):
         return (prompt_tokens * self.prompt + completion_tokens * self.completion) / 1e6
 
 
+class FleetConfig(_Strict):
+    """A backend whose `url` is a router in front of several engines (`sglang-router`) or a
+    data-parallel endpoint (`vllm serve --data-parallel-size N`). See backends/router.py."""
+
+    wait_for_workers: int | None = Field(None, gt=0)
+    """Before dispatch, wait until the router's `GET /workers` lists this many healthy
+    workers (default 1). Also the count that sizes `concurrency`: give the fleet's size."""
+    wait_timeout_s: float = Field(600.0, gt=0)
+    """How long to wait for the workers (or, with `workers`, for `GET /health`)."""
+    slots_per_worker: int | None = Field(None, gt=0)
+    """Requests in flight per worker: `concurrency` becomes workers × slots_per_worker."""
+    workers: int | None = Field(None, gt=0)
+    """The worker count of an endpoint that lists none (vLLM data parallel: its
+    --data-parallel-size). Then only `GET /health` is waited for, not `GET /workers`."""
+
+    @model_validator(mode="after")
+    def _workers_or_wait(self) -> FleetConfig:
+        if self.workers is not None and self.wait_for_workers is not None:
+            raise ValueError("give workers (an endpoint without a worker list) or "
+                             "wait_for_workers (a router's GET /workers), not both")
+        return self
+
+
 class BackendConfig(_Strict):
     name: str
     type: BackendType
@@ -107,6 +133,9 @@ class BackendConfig(_Strict):
     backoff_max_s: float = Field(60.0, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    fleet: FleetConfig | None = None
+    """`url` is a router or data-parallel endpoint: wait for its workers at start and size
+    `concurrency` from them (`fleet.slots_per_worker`)."""
 
     @field_validator("model")
     @classmethod
@@ -135,7 +164,16 @@ class BackendConfig(_Strict):
                              "or model (a GGUF file: draftgen starts the server)")
         elif self.server_args and self.model is None:
             raise ValueError("server_args: only with model (a server draftgen starts)")
+        if self.fleet is not None:
+            self._check_fleet(self.fleet)
         return self
+
+    def _check_fleet(self, fleet: FleetConfig) -> None:
+        if self.url is None:
+            raise ValueError("fleet: needs url (the router or data-parallel endpoint)")
+        if fleet.slots_per_worker is not None and "concurrency" in self.model_fields_set:
+            raise ValueError("give concurrency or fleet.slots_per_worker (concurrency = "
+                             "workers × slots_per_worker), not both")
 
     @property
     def is_paid(self) -> bool:
@@ -168,7 +206,8 @@ class DatasetConfig(_Strict):
     """Token budget: answers stop being dispatched once this many output tokens are spent or
     reserved (the rest is counted as skipped)."""
     max_prompts: int | None = Field(None, gt=0)
-    """At most this many answers for the dataset (the rest is counted as skipped)."""
+    """At most this many answers for the dataset (the rest is counted as skipped). Sharded
+    (`--shard I/N`), each shard sends its own prompts among the dataset's first `max_prompts`."""
     turns: Literal["first", "last"] = "first"
     """Which assistant turn to regenerate: "first" (the prompt is the conversation up to the
     first assistant turn) or "last" (up to the last one, earlier turns kept as history)."""
@@ -178,6 +217,9 @@ class DatasetConfig(_Strict):
     def _name_is_a_folder_name(cls, name: str) -> str:
         if not name or "/" in name or name.startswith(".") or "\\" in name:
             raise ValueError(f"must be a plain folder name, got {name!r}")
+        if name in RESERVED_FOLDERS:
+            raise ValueError(f"{name!r} is the name of a folder draftgen keeps in the run "
+                             f"folder; reserved: {sorted(RESERVED_FOLDERS)}")
         return name
 
 

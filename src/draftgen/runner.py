@@ -15,22 +15,28 @@ import math
 import signal
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from draftgen.audit.checks import routing_problems
-from draftgen.backends import Backend, make_backend
+from draftgen.backends import Backend, BackendNotReady, make_backend
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
-from draftgen.budget import Ledger, Reservation
+from draftgen.budget import Admission, Ledger, Reservation
 from draftgen.config import ConfigError, Price, RunConfig
-from draftgen.datasets import LoadStats, iter_prompts
+from draftgen.datasets import DatasetError, LoadStats, PromptTable, load_prompt_table
 from draftgen.formats import Format, FormatError, get_format
 from draftgen.perf import tuned_gc
 from draftgen.probe import ProbeOptions, gate_backends
 from draftgen.progress import DatasetCounters, ProgressDisplay, RunCounters
+from draftgen.scale.leases import POLL_S, USD, BudgetPool, ShardLease, tokens_key
+from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
-from draftgen.store import RunLock, Store, StoreError, scan_dataset
+from draftgen.store import RunLayout, RunLock, Store, StoreError, scan_dataset
+from draftgen.store.resume import DatasetOnDisk, DoneIds, done_elsewhere
 from draftgen.store.runinfo import end_session, record_datasets, start_session
 from draftgen.tokenize import OffLoopBatcher, Tokenizer, load_tokenizer, self_check
 from draftgen.types import BackendError, Prompt, RawAnswer, Rebuilt
@@ -39,13 +45,17 @@ log = logging.getLogger("draftgen")
 
 RENDER_BATCH = 256
 BUDGET_PAUSE = "budget.usd: waiting for requests in flight to settle"
+SHARDS_PAUSE = "budget.usd: waiting for other shards to give budget back"
 
 
 @dataclass
 class DatasetPlan:
     name: str
-    prompts: list[Prompt]
+    prompts: PromptTable
+    """This run's prompts of the dataset (a shard's share when sharded): IDs up front, each
+    prompt read when it is about to be sent."""
     load: LoadStats
+    """What reading the whole dataset found."""
 
 
 @dataclass
@@ -53,19 +63,30 @@ class Plan:
     cfg: RunConfig
     tokenizer: Tokenizer
     fmt: Format
+    run_dir: Path
+    """The folder this run writes: `cfg.output_dir`, or the shard's folder inside it."""
+    shard: ShardSpec | None = None
     datasets: list[DatasetPlan] = field(default_factory=list)
 
+    def prompts_of(self, dataset: str) -> PromptTable:
+        return next(ds.prompts for ds in self.datasets if ds.name == dataset)
 
-def prepare(cfg: RunConfig) -> Plan:
-    """Load the tokenizer, check it against the format, read every dataset. Sends nothing."""
+
+def prepare(cfg: RunConfig, shard: ShardSpec | None = None) -> Plan:
+    """Load the tokenizer, check it against the format, read every dataset (through the
+    prompt cache in output_dir); with `shard`, keep only the shard's prompts. Sends nothing."""
     tokenizer = load_tokenizer(cfg.model.tokenizer)
     fmt = get_format(cfg.model.format, tokenizer, cfg.model.format_options)
     self_check(tokenizer, fmt.special_tokens())
-    plan = Plan(cfg=cfg, tokenizer=tokenizer, fmt=fmt)
+    root = Path(cfg.output_dir)
+    plan = Plan(cfg=cfg, tokenizer=tokenizer, fmt=fmt, shard=shard,
+                run_dir=shard.folder(root) if shard else root)
+    caches = RunLayout(root)  # one cache for all shards: it describes the whole dataset
     for ds in cfg.datasets:
-        stats = LoadStats()
-        prompts = list(iter_prompts(ds, stats))
-        plan.datasets.append(DatasetPlan(ds.name, prompts, stats))
+        table, stats = load_prompt_table(ds, caches.prompt_cache(ds.name))
+        if shard is not None:
+            table = table.where(shard_mask(table.id_hashes, shard))
+        plan.datasets.append(DatasetPlan(ds.name, table, stats))
     return plan
 
 
@@ -83,23 +104,30 @@ class Outcome:
 
 @dataclass(slots=True)
 class Pending:
-    prompt: Prompt
+    dataset: str
+    row: int
+    """The prompt's row in its dataset's `PromptTable`."""
+    prompt: Prompt | None = None
+    """Read from the table just before the prompt is rendered."""
     input_ids: list[int] | None = None
 
 
 class Runner:
     def __init__(self, plan: Plan, *, live_display: bool | None = None,
-                 probe: ProbeOptions | None = None) -> None:
+                 probe: ProbeOptions | None = None, pool: BudgetPool | None = None) -> None:
         self.plan = plan
         self.probe = probe
         """Probe the backends before the first request (`draftgen run` does; off by default)."""
         self.cfg = plan.cfg
-        self.root = Path(self.cfg.output_dir)
+        self.root = plan.run_dir
         self.store = Store(self.root, self.cfg.fsync_interval_s)
         self.counters = RunCounters()
         self.live_display = live_display
         self.queues: dict[str, deque[Pending]] = {}
         self.ledger = Ledger(usd=self.cfg.budget.usd, usd_per_minute=self.cfg.budget.usd_per_minute)
+        self.lease = ShardLease.for_run(self.cfg, plan.shard, self.ledger, pool)
+        """A shard's lease on the run's shared budget (`pool`, by default the run folder's
+        file pool); None for unsharded runs."""
         self.prices: dict[str, Price | None] = {}
         self.session = 0
         self._next_dataset = 0
@@ -116,27 +144,19 @@ class Runner:
     # ---- set-up ------------------------------------------------------------------------
 
     def _resume(self) -> None:
-        """Queue every prompt not yet answered, not out of attempts and within its budget."""
+        """Queue every prompt not yet answered (here or in another folder of the same run),
+        not out of attempts and within its budget."""
         limits = {d.name: d for d in self.cfg.datasets}
+        elsewhere = self._other_run_folders()
         for ds in self.plan.datasets:
+            ds.prompts.save_cache()
             _warn_bad_rows(ds)
             on_disk, _ = scan_dataset(self.store.layout, ds.name)
+            done = on_disk.done | done_elsewhere(elsewhere, ds.name) if elsewhere else on_disk.done
             counters = DatasetCounters(total=len(ds.prompts))
             counters.output_tokens_before = on_disk.output_tokens
-            queue: deque[Pending] = deque()
-            room = limits[ds.name].max_prompts
-            for prompt in ds.prompts:
-                if prompt.id in on_disk.done:
-                    counters.done_before += 1
-                elif on_disk.failed_attempts[prompt.id] >= self.cfg.max_attempts:
-                    counters.exhausted += 1
-                else:
-                    queue.append(Pending(prompt))
-            if room is not None:
-                allowed = max(0, room - counters.done_before)
-                while len(queue) > allowed:
-                    queue.pop()
-                    counters.skipped += 1
+            queue = self._queue_of(ds.prompts, done, on_disk, counters)
+            self._cut_to_max_prompts(queue, ds.prompts, limits[ds.name].max_prompts, counters)
             self.queues[ds.name] = queue
             self.counters.datasets[ds.name] = counters
             self.ledger.add_dataset(ds.name, limits[ds.name].max_output_tokens,
@@ -146,6 +166,39 @@ class Runner:
             if counters.done_before or counters.exhausted:
                 log.info("%s: resuming: %d done, %d out of attempts, %d to go", ds.name,
                          counters.done_before, counters.exhausted, len(queue))
+
+    def _other_run_folders(self) -> list[Path]:
+        """The run's other folders (the unsharded root, other shards), whose answers count."""
+        own = self.root.resolve()
+        return [f for f in run_folders(Path(self.cfg.output_dir)) if f.resolve() != own]
+
+    def _queue_of(self, table: PromptTable, done: DoneIds, on_disk: DatasetOnDisk,
+                  counters: DatasetCounters) -> deque[Pending]:
+        """The table's prompts still to send, in order; done and exhausted ones counted."""
+        is_done = done.mask(table.id_hashes)
+        counters.done_before = int(is_done.sum())
+        queue: deque[Pending] = deque()
+        failed = on_disk.failed_attempts
+        for row in np.flatnonzero(~is_done).tolist():
+            if failed and failed[table.id_at(row)] >= self.cfg.max_attempts:
+                counters.exhausted += 1
+            else:
+                queue.append(Pending(table.name, row))
+        return queue
+
+    def _cut_to_max_prompts(self, queue: deque[Pending], table: PromptTable,
+                            room: int | None, counters: DatasetCounters) -> None:
+        """Unsharded: at most `room` answers in all. Sharded: the shard sends only its
+        prompts among the dataset's first `room` (so the shards together send those)."""
+        if room is None:
+            return
+        if self.plan.shard is None:
+            allowed = max(0, room - counters.done_before)
+        else:
+            allowed = sum(1 for item in queue if table.positions[item.row] < room)
+        while len(queue) > allowed:
+            queue.pop()
+            counters.skipped += 1
 
     async def _resolve_prices(self, backends: list[Backend]) -> None:
         """Each backend's price: configured, else listed by the endpoint, else 0 for a
@@ -194,11 +247,15 @@ class Runner:
                 self._resume()
             except OSError as e:  # the resume scan repairs files: a read-only or full disk
                 raise StoreError(f"{self.root}: cannot prepare the run folder: {e}") from None
+            if self.lease:
+                await self.lease.adopt(self._other_run_folders())
             record_datasets(self.store.layout.run_json, self._dataset_totals())
             with tuned_gc():
                 outcome = await self._run_backends()
         finally:
             try:
+                if self.lease:
+                    await self.lease.release()
                 self.store.close()
                 if started:
                     record_datasets(self.store.layout.run_json, self._dataset_totals())
@@ -219,7 +276,7 @@ class Runner:
                                       max_tokens=self.cfg.sampling.max_tokens) as configs:
                 backends = [make_backend(b, self.cfg.model, self.cfg.sampling) for b in configs]
                 await self._run_with(backends)
-        except ManagedServerError as e:
+        except (ManagedServerError, BackendNotReady) as e:
             self._fatal = str(e)
         return self._outcome()
 
@@ -275,11 +332,14 @@ class Runner:
             picked = await self._next_pending()
             if picked is None:
                 if not self._tasks:
-                    break
+                    if not self._waiting_for_shards():
+                        break
+                    await asyncio.sleep(POLL_S)
+                    continue
                 await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
                 continue
             item, max_tokens = picked
-            dataset = item.prompt.dataset
+            dataset = item.dataset
             try:
                 backend = await slots.acquire()
             except NoBackendLeft:
@@ -297,6 +357,8 @@ class Runner:
             if admission.reservation is None:
                 slots.release(backend)
                 self.queues[dataset].appendleft(item)
+                if admission.exhausted and self.lease and await self._more_from_pool(admission):
+                    continue
                 self._hold_back(slots, backend, admission.wait_s, admission.settling)
                 continue
             self.counters.datasets[dataset].in_flight += 1
@@ -306,6 +368,14 @@ class Runner:
             task.add_done_callback(self._tasks.discard)
         await self._drain()
 
+    async def _more_from_pool(self, admission: Admission) -> bool:
+        """A shard short of dollars asks its pool for more. True to admit again: the lease
+        grew, or requests settled while the pool answered (their unpause came too early)."""
+        assert self.lease is not None
+        in_flight = self.ledger.priced_in_flight
+        granted = await self.lease.more_usd(admission.worst_usd, admission.settling)
+        return granted or self.ledger.priced_in_flight < in_flight
+
     def _hold_back(self, slots: BackendSlots, backend: Backend, wait_s: float,
                    settling: bool) -> None:
         """A paid backend that the dollar budget cannot take now: wait for the spend rate,
@@ -314,10 +384,13 @@ class Runner:
             slots.pause(backend, wait_s, "budget.usd_per_minute: spend rate reached")
         elif settling:
             slots.pause(backend, math.inf, BUDGET_PAUSE)
+        elif self.lease and self.lease.others_busy(USD):
+            slots.pause(backend, POLL_S, SHARDS_PAUSE)
         else:
             spent = self.ledger.spent_usd
+            whose = "by this shard; the rest is the other shards'" if self.lease else "spent"
             self._budget_stop = (f"budget.usd reached: ${spent:.4f} of "
-                                 f"${self.cfg.budget.usd:.4f} spent; paid backends stopped")
+                                 f"${self.cfg.budget.usd:.4f} {whose}; paid backends stopped")
             slots.disable(backend, "budget.usd reached")
 
     async def _next_pending(self) -> tuple[Pending, int] | None:
@@ -329,16 +402,33 @@ class Runner:
             queue = self.queues[name]
             if not queue:
                 continue
-            max_tokens = self.ledger.max_tokens_for(name, self.cfg.sampling.max_tokens)
+            max_tokens = await self._tokens_for(name)
             if max_tokens is None:
-                if self.ledger.token_budget_done(name):
+                if self.ledger.token_budget_done(name) and not self._shards_may_give(name):
                     self._close_for_budget(name)
                 continue  # requests in flight may still leave room
             self._next_dataset = (self._next_dataset + offset + 1) % len(names)
-            if queue[0].input_ids is None:
-                await self._render_ahead(queue)
-            return queue.popleft(), max_tokens
+            while queue and queue[0].input_ids is None:
+                if not await self._render_ahead(queue):
+                    return None
+            if queue:  # empty when the format refused every prompt left
+                return queue.popleft(), max_tokens
         return None
+
+    async def _tokens_for(self, dataset: str) -> int | None:
+        """`Ledger.max_tokens_for`; a shard first tops its token lease up when the lease would
+        cut the request short."""
+        full = self.cfg.sampling.max_tokens
+        if self.lease and self.ledger.max_tokens_for(dataset, full) != full:
+            await self.lease.more_tokens(dataset, full)
+        return self.ledger.max_tokens_for(dataset, full)
+
+    def _shards_may_give(self, dataset: str) -> bool:
+        """Another shard may still give this dataset's token budget back."""
+        return self.lease is not None and self.lease.others_busy(tokens_key(dataset))
+
+    def _waiting_for_shards(self) -> bool:
+        return any(queue and self._shards_may_give(name) for name, queue in self.queues.items())
 
     def _close_for_budget(self, dataset: str) -> None:
         queue = self.queues[dataset]
@@ -347,24 +437,45 @@ class Runner:
         log.info("%s: max_output_tokens reached; %d prompts skipped", dataset, len(queue))
         queue.clear()
 
-    async def _render_ahead(self, queue: deque[Pending]) -> None:
-        """Render the next prompts of a dataset in one batch, off the event loop. A prompt the
-        format cannot render (tools for a model without tool support, an unknown role) is
-        recorded as failed with its reason and left out."""
+    async def _render_ahead(self, queue: deque[Pending]) -> bool:
+        """Read and render the next prompts of a dataset in one batch, off the event loop. A
+        prompt the format cannot render (tools for a model without tool support, an unknown
+        role) is recorded as failed with its reason and left out. False, with the run
+        stopping, when the dataset cannot be read any more (its file changed)."""
         batch = [p for _, p in zip(range(RENDER_BATCH), queue, strict=False)
                  if p.input_ids is None]
         loop = asyncio.get_running_loop()
-        rendered = await loop.run_in_executor(None, render_within, self.plan.fmt,
-                                              [p.prompt for p in batch],
-                                              self.cfg.model.context_length)
-        for item, ids in zip(batch, rendered, strict=True):
+        try:
+            prompts, rendered = await loop.run_in_executor(None, self._load_and_render, batch)
+        except DatasetError as e:
+            self._fatal = self._fatal or str(e)
+            self._stopping = True
+            return False
+        for item, prompt, ids in zip(batch, prompts, rendered, strict=True):
+            item.prompt = prompt
             if isinstance(ids, FormatError):
                 queue.remove(item)
                 kind = "prompt_too_long" if isinstance(ids, PromptTooLong) else "bad_prompt"
-                self._write_failure(item.prompt, None, kind, str(ids), None,
-                                    self.counters.datasets[item.prompt.dataset])
+                self._write_failure(prompt, None, kind, str(ids), None,
+                                    self.counters.datasets[item.dataset])
             else:
                 item.input_ids = ids
+        return True
+
+    def _load_and_render(self, batch: Sequence[Pending]
+                         ) -> tuple[list[Prompt], list[list[int] | FormatError]]:
+        """In a worker thread: the batch's prompts (read from the table where not read yet)
+        and their rendering."""
+        unread = [i for i, item in enumerate(batch) if item.prompt is None]
+        prompts = [item.prompt for item in batch]
+        if unread:
+            table = self.plan.prompts_of(batch[0].dataset)
+            for i, prompt in zip(unread, table.load([batch[i].row for i in unread]),
+                                 strict=True):
+                prompts[i] = prompt
+        loaded = [p for p in prompts if p is not None]
+        assert len(loaded) == len(batch)
+        return loaded, render_within(self.plan.fmt, loaded, self.cfg.model.context_length)
 
     async def _drain(self) -> None:
         while self._tasks:
@@ -375,6 +486,7 @@ class Runner:
     async def _answer(self, item: Pending, backend: Backend, max_tokens: int,
                       reservation: Reservation) -> None:
         prompt, input_ids = item.prompt, item.input_ids or []
+        assert prompt is not None, "a prompt is read before it is sent"
         counters = self.counters.datasets[prompt.dataset]
         started = time.monotonic()
         settled = False
@@ -447,10 +559,11 @@ class Runner:
 
     def _on_failure(self, item: Pending, backend: Backend, e: BackendError,
                     counters: DatasetCounters) -> None:
+        assert item.prompt is not None
         if e.permanent_for_backend:
             # Not the prompt's fault: give it to another backend.
             self._slots.disable(backend, str(e))
-            self.queues[item.prompt.dataset].appendleft(item)
+            self.queues[item.dataset].appendleft(item)
             self._journal_quietly("dropped", item.prompt, reason=e.kind)
             return
         self._write_failure(item.prompt, backend, e.kind, e.message, e.status, counters)

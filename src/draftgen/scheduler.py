@@ -39,7 +39,7 @@ class BackendState:
 
     @property
     def capacity(self) -> int:
-        return self.backend.cfg.concurrency
+        return self.backend.concurrency
 
     def free(self, now: float) -> bool:
         return (self.disabled_reason is None and self.in_flight < self.capacity

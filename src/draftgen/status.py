@@ -8,9 +8,11 @@ request journal, run.json and the lock. The data files are only read past the in
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from draftgen.scale.shards import RunPart, ShardSpec, is_sharded, run_parts
 from draftgen.store.columns import id_hash, str_code
 from draftgen.store.fast_index import IndexColumns, load_index_columns, torn_tail_bytes
 from draftgen.store.journal import JournalTail, read_journal
@@ -180,9 +183,11 @@ class RunStatus:
     total: DatasetStatus
     journal: JournalTail
     notes: list[str] = field(default_factory=list)
+    shards: list[ShardStatus] = field(default_factory=list)
+    """A sharded run's folders, each by its own numbers (empty for a run without shards)."""
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "run_dir": str(self.root),
             "live": self.live,
             "pid": self.pid,
@@ -197,6 +202,9 @@ class RunStatus:
             "in_flight_ids": [r.id for r in self.journal.open][:100],
             "notes": self.notes,
         }
+        if self.shards:
+            data["shards"] = [s.as_json() for s in self.shards]
+        return data
 
 
 # ---- reading the run -------------------------------------------------------------------------
@@ -374,11 +382,15 @@ def _rates(c: Columns, start: float, stop: float) -> Rates:
                  output_tokens=s.output_tokens, cost_usd=s.cost_usd)
 
 
-def _active_seconds(sessions: list[dict[str, Any]], live: bool, now: float,
-                    last_activity: float | None) -> float | None:
-    """Time the run spent running, over all sessions (a killed session ends at the last
-    activity before the next one started)."""
-    total = 0.0
+def _sessions(run_json: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in run_json.get("sessions") or [] if isinstance(s, dict)]
+
+
+def _session_spans(sessions: list[dict[str, Any]], live: bool, now: float,
+                   last_activity: float | None) -> list[tuple[float, float]] | None:
+    """When each session ran (a killed session ends at the last activity before the next one
+    started); None when a session has no start time."""
+    spans = []
     for i, s in enumerate(sessions):
         start = s.get("started_at")
         if not isinstance(start, int | float):
@@ -390,24 +402,61 @@ def _active_seconds(sessions: list[dict[str, Any]], live: bool, now: float,
                 stop = now
             else:
                 stop = min(x for x in (nxt, last_activity, now) if isinstance(x, int | float))
-        total += max(0.0, float(stop) - float(start))
+        spans.append((float(start), float(stop)))
+    return spans
+
+
+def _covered_seconds(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one span (the sessions of shards overlap)."""
+    total = 0.0
+    reach = -math.inf
+    for start, stop in sorted(spans):
+        start = max(start, reach)
+        if stop > start:
+            total += stop - start
+            reach = stop
     return total
+
+
+@dataclass
+class _Activity:
+    """When one run folder was active, for the rates."""
+
+    sessions: list[dict[str, Any]]
+    live: bool
+    first: float | None
+    last: float | None
+
+    @property
+    def last_start(self) -> Any:
+        return self.sessions[-1].get("started_at") if self.sessions else self.first
+
+
+def _active_seconds(folders: list[_Activity], now: float) -> float | None:
+    """Time the run spent running: the sessions of every folder, overlaps counted once."""
+    timed = [f for f in folders if f.sessions]
+    spans: list[tuple[float, float]] = []
+    for f in timed:
+        mine = _session_spans(f.sessions, f.live, now, f.last)
+        if mine is None:
+            return None
+        spans.extend(mine)
+    return _covered_seconds(spans) if timed else None
 
 
 class _RateClock:
     """Where the windows of the rates lie: the last WINDOW_S seconds before now (live) or
     before the last activity (stopped), and the run's active time."""
 
-    def __init__(self, run_json: dict[str, Any], live: bool, now: float,
-                 first_activity: float | None, last_activity: float | None) -> None:
-        sessions = [s for s in run_json.get("sessions") or [] if isinstance(s, dict)]
-        self.end = now if live else (last_activity or now)
-        last_start = sessions[-1].get("started_at") if sessions else first_activity
+    def __init__(self, folders: list[_Activity], now: float) -> None:
+        last = max((f.last for f in folders if f.last is not None), default=None)
+        self.end = now if any(f.live for f in folders) else (last or now)
         start = self.end - WINDOW_S
-        if isinstance(last_start, int | float):
-            start = max(start, float(last_start))
+        starts = [float(f.last_start) for f in folders if isinstance(f.last_start, int | float)]
+        if starts:
+            start = max(start, min(starts))
         self.recent_start = start
-        self.active_s = _active_seconds(sessions, live, now, last_activity) if sessions else None
+        self.active_s = _active_seconds(folders, now)
 
     def fill(self, d: DatasetStatus, c: Columns) -> None:
         d.recent = _rates(c, self.recent_start, self.end)
@@ -417,6 +466,26 @@ class _RateClock:
         if span is not None:
             d.overall = Rates(seconds=span, answers=d.sums.done,
                               output_tokens=d.sums.output_tokens, cost_usd=d.sums.cost_usd)
+
+    def total(self, datasets: dict[str, DatasetStatus], cols: dict[str, Columns]
+              ) -> DatasetStatus:
+        """Each dataset's rates, and the run's total over them."""
+        total = DatasetStatus("total")
+        for name, d in datasets.items():
+            self.fill(d, cols[name])
+            total.merge(d)
+        if all(d.total is not None for d in datasets.values()) and datasets:
+            total.total = sum(d.total or 0 for d in datasets.values())
+            total.skipped = sum(d.skipped or 0 for d in datasets.values())
+        if cols:
+            self.fill(total, _concat(cols.values()))
+        return total
+
+
+def _concat(cols: Iterable[Columns]) -> Columns:
+    """The columns the rates need, of several sets of answers as one."""
+    parts = list(cols)
+    return {k: np.concatenate([c[k] for c in parts]) for k in ("t", "out", "reasoning", "cost")}
 
 
 def open_layout(root: Path) -> tuple[RunLayout, dict[str, Any]]:
@@ -434,64 +503,228 @@ def open_layout(root: Path) -> tuple[RunLayout, dict[str, Any]]:
     return layout, run_json
 
 
-def collect_status(root: Path, now: float | None = None) -> RunStatus:
-    layout, run_json = open_layout(root)
+@dataclass
+class _Folder:
+    """One run folder with its answers read from the index, every file up to the size it had
+    when status started; failures and the journal are read by `_folder_status`, once the
+    answers of every folder of the run are known."""
+
+    root: Path
+    layout: RunLayout
+    run_json: dict[str, Any]
+    holder: dict[str, Any] | None
+    sizes: dict[str, _Sizes]
+    journal_size: int
+    datasets: dict[str, DatasetStatus] = field(default_factory=dict)
+    cols: dict[str, Columns] = field(default_factory=dict)
+    done_ids: dict[str, np.ndarray] = field(default_factory=dict)
+    """Each dataset's answered ID hashes, sorted and unique."""
+
+
+def _read_answers(root: Path, may_be_empty: bool = False) -> _Folder:
+    """`may_be_empty`: a shard folder that holds nothing yet (a shard starting) is read as an
+    empty run rather than refused."""
+    if may_be_empty and not RunLayout(root).run_json.exists():
+        layout, run_json = RunLayout(root), {}
+    else:
+        layout, run_json = open_layout(root)
     holder = lock_holder(layout.lock)
     names = list(dict.fromkeys([*_config_datasets(run_json), *layout.dataset_names()]))
-    sizes = {name: _snapshot(layout, name) for name in names}
-    journal_size = layout.journal.stat().st_size if layout.journal.exists() else 0
-    now = time.time() if now is None else now
-    cfg = run_json.get("config") if isinstance(run_json.get("config"), dict) else {}
-    max_attempts = int(cfg.get("max_attempts") or 3)
-    datasets: dict[str, DatasetStatus] = {}
-    all_cols: dict[str, Columns] = {}
-    done_ids: dict[str, np.ndarray] = {}
-    failed_at: dict[str, dict[str, float]] = {}
-    last_activity: float | None = None
+    f = _Folder(root, layout, run_json, holder,
+                sizes={name: _snapshot(layout, name) for name in names},
+                journal_size=layout.journal.stat().st_size if layout.journal.exists() else 0)
     for name in names:
         d = DatasetStatus(name)
         info = _run_dataset_info(run_json, name)
         d.total = info.get("total") if isinstance(info.get("total"), int) else None
         d.skipped = (info.get("skipped_budget") if isinstance(info.get("skipped_budget"), int)
                      else None)
-        cols = load_index_columns(layout, name, sizes[name].responses)
-        torn = torn_tail_bytes(layout.responses(name), sizes[name].responses)
+        cols = load_index_columns(layout, name, f.sizes[name].responses)
+        torn = torn_tail_bytes(layout.responses(name), f.sizes[name].responses)
         if torn:
             d.torn_tail_bytes["responses.jsonl"] = torn
-        done_ids[name], all_cols[name] = _answers(d, cols)
-        failed_at[name] = _failures(layout.failures(name), sizes[name].failures,
-                                    done_ids[name], max_attempts, d)
-        d.quarantined = _count_lines(layout.quarantine(name))
+        f.done_ids[name], f.cols[name] = _answers(d, cols)
+        f.datasets[name] = d
+    return f
+
+
+def _folder_status(f: _Folder, answered: dict[str, np.ndarray], now: float) -> RunStatus:
+    """One folder's status. `answered`: each dataset's answered ID hashes in any folder of
+    the run (sorted, unique): a failure or request in flight whose prompt was answered does
+    not count."""
+    cfg = f.run_json.get("config") if isinstance(f.run_json.get("config"), dict) else {}
+    max_attempts = int(cfg.get("max_attempts") or 3)
+    failed_at: dict[str, dict[str, float]] = {}
+    last_activity: float | None = None
+    for name, d in f.datasets.items():
+        failed_at[name] = _failures(f.layout.failures(name), f.sizes[name].failures,
+                                    answered[name], max_attempts, d)
+        d.quarantined = _count_lines(f.layout.quarantine(name))
         last_failure = max(failed_at[name].values(), default=None)
         last_activity = _max(last_activity, _max(d.last_t, last_failure))
-        datasets[name] = d
-    journal = read_journal(layout.journal, journal_size)
+    journal = read_journal(f.layout.journal, f.journal_size)
     last_activity = _max(last_activity, journal.last_t)
-    _in_flight(journal, datasets, done_ids, failed_at)
-    first_activity = min((d.first_t for d in datasets.values() if d.first_t is not None),
+    _in_flight(journal, f.datasets, answered, failed_at)
+    first_activity = min((d.first_t for d in f.datasets.values() if d.first_t is not None),
                          default=None)
-    clock = _RateClock(run_json, holder is not None, now, first_activity, last_activity)
-    total = DatasetStatus("total")
-    for name, d in datasets.items():
-        clock.fill(d, all_cols[name])
-        total.merge(d)
-    if all(d.total is not None for d in datasets.values()) and datasets:
-        total.total = sum(d.total or 0 for d in datasets.values())
-        total.skipped = sum(d.skipped or 0 for d in datasets.values())
-    if all_cols:
-        clock.fill(total, {k: np.concatenate([c[k] for c in all_cols.values()])
-                           for k in ("t", "out", "reasoning", "cost")})
-    sessions = [s for s in run_json.get("sessions") or [] if isinstance(s, dict)]
+    sessions = _sessions(f.run_json)
+    clock = _RateClock([_Activity(sessions, f.holder is not None, first_activity,
+                                  last_activity)], now)
+    total = clock.total(f.datasets, f.cols)
     status = RunStatus(
-        root=root, live=holder is not None, pid=(holder or {}).get("pid"),
-        host=(holder or {}).get("host"),
-        started_at=run_json.get("created_at") or (sessions[0].get("started_at")
-                                                  if sessions else total.first_t),
+        root=f.root, live=f.holder is not None, pid=(f.holder or {}).get("pid"),
+        host=(f.holder or {}).get("host"),
+        started_at=f.run_json.get("created_at") or (sessions[0].get("started_at")
+                                                    if sessions else total.first_t),
         last_activity=last_activity, now=now, sessions=len(sessions),
         last_outcome=sessions[-1].get("outcome") if sessions else None,
-        datasets=datasets, total=total, journal=journal,
+        datasets=f.datasets, total=total, journal=journal,
     )
     status.notes = _notes(status, journal)
+    return status
+
+
+def collect_status(root: Path, now: float | None = None) -> RunStatus:
+    """The status of a run folder; of a sharded run (`draftgen run --shard`), of every shard
+    folder as one run, with each shard's own numbers in `shards`."""
+    parts = run_parts(root)
+    if is_sharded(parts):
+        return _sharded_status(root, parts, now)
+    folder = _read_answers(root)
+    return _folder_status(folder, folder.done_ids, time.time() if now is None else now)
+
+
+# ---- a sharded run ----------------------------------------------------------------------------
+
+
+def _shard_state(st: RunStatus) -> str:
+    if st.live:
+        return "live"
+    if not st.sessions:
+        return "not started"
+    return "stopped" if st.last_outcome else "killed"
+
+
+@dataclass
+class ShardStatus:
+    """One folder of a sharded run, by its own numbers."""
+
+    part: RunPart
+    state: str
+    """live, stopped, killed (its last session never ended) or not started."""
+    status: RunStatus
+
+    def as_json(self) -> dict[str, Any]:
+        t = self.status.total
+        return {"shard": self.part.label, "folder": str(self.part.folder), "state": self.state,
+                "last_outcome": self.status.last_outcome, "pid": self.status.pid,
+                "host": self.status.host, "done": t.sums.done, "failed": t.failed,
+                "in_flight": t.in_flight, "output_tokens": t.sums.output_tokens,
+                "cost_usd": round(t.sums.cost_usd, 6)}
+
+
+def _answered_anywhere(folders: list[_Folder]) -> tuple[dict[str, np.ndarray], Counter[str]]:
+    """Each dataset's answered ID hashes over every folder, and how many answers repeat one
+    of another folder (a re-sharded run)."""
+    names = dict.fromkeys(name for f in folders for name in f.done_ids)
+    answered: dict[str, np.ndarray] = {}
+    repeats: Counter[str] = Counter()
+    for name in names:
+        hashes = [f.done_ids[name] for f in folders if name in f.done_ids]
+        answered[name] = _union(hashes)
+        repeats[name] = sum(map(len, hashes)) - len(answered[name])
+    return answered, repeats
+
+
+def _union(sorted_unique: list[np.ndarray]) -> np.ndarray:
+    """The union of sorted unique arrays, sorted (a plain sort: faster than np.unique)."""
+    if len(sorted_unique) == 1:
+        return sorted_unique[0]
+    both = np.sort(np.concatenate(sorted_unique))
+    keep = np.ones(len(both), dtype=bool)
+    keep[1:] = both[1:] != both[:-1]
+    return both[keep]
+
+
+def _relative(part: RunPart, root: Path) -> str:
+    return "" if part.shard is None else f"{part.folder.relative_to(root)}/"
+
+
+def _run_totals(name: str, parts: list[RunPart], folders: list[_Folder]
+                ) -> tuple[int | None, int | None]:
+    """A dataset's prompts and budget-skipped prompts over the whole run. Each folder records
+    its own share, so they come from a set of folders covering every shard of one count N
+    (the root's own part is a set of one); the most recently started such set when a run was
+    re-sharded."""
+    sets: dict[int, dict[int, _Folder]] = {}
+    for part, f in zip(parts, folders, strict=True):
+        spec = part.shard or ShardSpec(0, 1)
+        sets.setdefault(spec.count, {})[spec.index] = f
+    best: tuple[float, int, int] | None = None
+    for count, members in sets.items():
+        mine = [m.datasets.get(name) for m in members.values()]
+        if len(members) < count or any(d is None or d.total is None for d in mine):
+            continue
+        started = max(_started(m.run_json) for m in members.values())
+        if best is None or started > best[0]:
+            best = (started, sum(d.total or 0 for d in mine if d),
+                    sum(d.skipped or 0 for d in mine if d))
+    return (best[1], best[2]) if best else (None, None)
+
+
+def _started(run_json: dict[str, Any]) -> float:
+    starts = [s.get("started_at") for s in _sessions(run_json)]
+    return max((float(s) for s in starts if isinstance(s, int | float)), default=0.0)
+
+
+def _merged_dataset(name: str, root: Path, parts: list[RunPart], folders: list[_Folder],
+                    repeats: int) -> DatasetStatus:
+    merged = DatasetStatus(name)
+    torn: dict[str, int] = {}
+    for part, f in zip(parts, folders, strict=True):
+        d = f.datasets.get(name)
+        if d is None:
+            continue
+        merged.merge(d)
+        torn.update({f"{_relative(part, root)}{name}/{file}": n
+                     for file, n in d.torn_tail_bytes.items()})
+    merged.torn_tail_bytes = torn  # paths from the run folder, not merge's dataset/file
+    merged.total, merged.skipped = _run_totals(name, parts, folders)
+    merged.sums.done -= repeats
+    merged.duplicates += repeats
+    return merged
+
+
+def _sharded_status(root: Path, parts: list[RunPart], now: float | None) -> RunStatus:
+    folders = [_read_answers(p.folder, may_be_empty=p.shard is not None) for p in parts]
+    now = time.time() if now is None else now
+    answered, repeats = _answered_anywhere(folders)
+    statuses = [_folder_status(f, answered, now) for f in folders]
+    names = list(dict.fromkeys(name for f in folders for name in f.datasets))
+    datasets = {name: _merged_dataset(name, root, parts, folders, repeats[name])
+                for name in names}
+    clock = _RateClock([_Activity(_sessions(f.run_json), st.live, st.total.first_t,
+                                  st.last_activity) for f, st in zip(folders, statuses,
+                                                                    strict=True)], now)
+    cols = {name: _concat(f.cols[name] for f in folders if name in f.cols) for name in names}
+    total = clock.total(datasets, cols)
+    total.torn_tail_bytes = {k: n for d in datasets.values() for k, n in d.torn_tail_bytes.items()}
+    journal = JournalTail(open=[r for st in statuses for r in st.journal.open],
+                          last_t=max((st.journal.last_t for st in statuses
+                                      if st.journal.last_t is not None), default=None),
+                          complete=all(st.journal.complete for st in statuses))
+    starts = [st.started_at for st in statuses if isinstance(st.started_at, int | float)]
+    status = RunStatus(
+        root=root, live=any(st.live for st in statuses), pid=None, host=None,
+        started_at=min(starts, default=None),
+        last_activity=max((st.last_activity for st in statuses
+                           if st.last_activity is not None), default=None),
+        now=now, sessions=sum(st.sessions for st in statuses), last_outcome=None,
+        datasets=datasets, total=total, journal=journal,
+        shards=[ShardStatus(p, _shard_state(st), st) for p, st in zip(parts, statuses,
+                                                                        strict=True)],
+    )
+    status.notes = _sharded_notes(status, repeats)
     return status
 
 
@@ -514,12 +747,21 @@ def _in_flight(journal: JournalTail, datasets: dict[str, DatasetStatus],
 
 
 def _notes(st: RunStatus, journal: JournalTail) -> list[str]:
-    notes = []
+    return [*_totals_note(st), *_folder_notes(st, journal), *_stop_note(st)]
+
+
+def _totals_note(st: RunStatus) -> list[str]:
     unknown = [n for n, d in st.datasets.items() if d.total is None]
-    if unknown:
-        notes.append(f"prompt totals unknown for {', '.join(unknown)} (run.json has no "
-                     "\"datasets\" totals: written by draftgen run at each session start); "
-                     "pending not shown")
+    if not unknown:
+        return []
+    why = ("no set of shard folders covering every shard records them (a shard not started "
+           "yet?)" if st.shards else "run.json has no \"datasets\" totals: written by draftgen "
+           "run at each session start")
+    return [f"prompt totals unknown for {', '.join(unknown)} ({why}); pending not shown"]
+
+
+def _folder_notes(st: RunStatus, journal: JournalTail) -> list[str]:
+    notes = []
     for name, d in st.datasets.items():
         for file, n in d.torn_tail_bytes.items():
             notes.append(f"{name}/{file}: torn last line ({n} bytes without a newline): "
@@ -536,9 +778,25 @@ def _notes(st: RunStatus, journal: JournalTail) -> list[str]:
     if not journal.complete:
         notes.append("journal: fewer open requests found than its counts say (lines that are "
                      "not JSON?): in flight may be undercounted")
+    return notes
+
+
+def _stop_note(st: RunStatus) -> list[str]:
     if st.journal.open and not st.live:
-        notes.append(f"{len(st.journal.open):,} requests were in flight at the stop: sent, "
-                     "never answered, possibly billed; the next run sends them again")
+        return [f"{len(st.journal.open):,} requests were in flight at the stop: sent, never "
+                "answered, possibly billed; the next run sends them again"]
+    return []
+
+
+def _sharded_notes(st: RunStatus, repeats: Counter[str]) -> list[str]:
+    notes = _totals_note(st)
+    for shard in st.shards:
+        where = f"shard {shard.part.label} ({shard.part.folder})"
+        own = shard.status
+        notes.extend(f"{where}: {n}" for n in [*_folder_notes(own, own.journal),
+                                               *_stop_note(own)])
+    notes.extend(f"{name}: {n:,} prompts answered in two shard folders (a re-sharded run): "
+                 "counted once; export keeps the first" for name, n in repeats.items() if n)
     return notes
 
 
@@ -577,8 +835,13 @@ def _rate_text(r: Rates | None) -> str:
 def render_status(st: RunStatus, console: Any) -> None:
     from rich.table import Table
 
-    live = (f"[bold green]live[/] (pid {st.pid} on {st.host})" if st.live
-            else f"not running (last session: {st.last_outcome or 'killed or crashed'})")
+    if st.shards:
+        live_n = sum(s.state == "live" for s in st.shards)
+        live = (f"[bold green]{live_n} of {len(st.shards)} shard folders live[/]" if live_n
+                else f"not running ({len(st.shards)} shard folders)")
+    else:
+        live = (f"[bold green]live[/] (pid {st.pid} on {st.host})" if st.live
+                else f"not running (last session: {st.last_outcome or 'killed or crashed'})")
     console.print(f"[bold]{st.root}[/] · {live} · {st.sessions} session(s)")
     console.print(f"started {_when(st.started_at, st.now)} · last activity "
                   f"{_when(st.last_activity, st.now)}", highlight=False)
@@ -604,6 +867,8 @@ def render_status(st: RunStatus, console: Any) -> None:
     console.print(f"rates, last {_duration(WINDOW_S)}: {_rate_text(st.total.recent)}",
                   highlight=False)
     console.print(f"rates, whole run: {_rate_text(st.total.overall)}", highlight=False)
+    if st.shards:
+        console.print(_shards_table(st.shards))
     for note in st.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
 
@@ -616,6 +881,25 @@ def _group_table(title: str, groups: dict[str, Sums]) -> Any:
         table.add_column(col, justify="left" if not col else "right")
     for key, s in sorted(groups.items(), key=lambda kv: -kv[1].done):
         table.add_row(key, f"{s.done:,}", f"{s.output_tokens:,}", f"{s.cost_usd:.4f}")
+    return table
+
+
+def _shards_table(shards: list[ShardStatus]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="by shard", title_justify="left", header_style="bold")
+    for col in ("shard", "state", "done", "failed", "in flight", "out tokens", "$", "folder"):
+        table.add_column(col, justify="right" if col not in ("shard", "state", "folder")
+                         else "left")
+    for s in shards:
+        t = s.status.total
+        state = s.state
+        if s.state == "live":
+            state = f"live (pid {s.status.pid} on {s.status.host})"
+        elif s.state == "stopped":
+            state = f"stopped ({s.status.last_outcome})"
+        table.add_row(s.part.label, state, _n(t.sums.done), _n(t.failed), _n(t.in_flight),
+                      _n(t.sums.output_tokens), f"{t.sums.cost_usd:.4f}", s.part.place)
     return table
 
 

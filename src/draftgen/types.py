@@ -6,8 +6,9 @@ Backends produce `RawAnswer` (what the wire said, never a model format); formats
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 Message = dict[str, Any]
 """An OpenAI-style chat message: {"role", "content", optional "reasoning_content", "tool_calls",
@@ -57,10 +58,78 @@ class LogprobToken:
     """One sampled token as an endpoint's logprobs describe it."""
 
     token: str
-    bytes: list[int] | None = None
+    bytes: bytes | list[int] | None = None
+    """The token's bytes: the wire's list of byte values, which the chat backends keep as
+    `bytes` (a list per token kept the garbage collector busy)."""
     id: int | None = None
     """Present when the endpoint reports it (llama.cpp; vLLM `return_tokens_as_token_ids`)."""
     logprob: float | None = None
+
+
+class LogprobTokens(Sequence[LogprobToken]):
+    """An answer's logprob entries as parallel columns, one list per field, instead of one
+    object per token: an answer has hundreds of entries and thousands of answers are in flight,
+    so per-token objects cost the event loop their construction and kept the garbage collector
+    re-scanning them (docs/benchmarks.md, client throughput). Reads as a sequence of
+    `LogprobToken`, each built when asked for."""
+
+    __slots__ = ("bytes", "ids", "logprobs", "tokens")
+
+    def __init__(self, tokens: list[str] | None = None,
+                 bytes: list[bytes | list[int] | None] | None = None,
+                 ids: list[int | None] | None = None,
+                 logprobs: list[float | None] | None = None) -> None:
+        self.tokens = tokens if tokens is not None else []
+        self.bytes = bytes if bytes is not None else [None] * len(self.tokens)
+        self.ids = ids if ids is not None else [None] * len(self.tokens)
+        self.logprobs = logprobs if logprobs is not None else [None] * len(self.tokens)
+        if not len(self.tokens) == len(self.bytes) == len(self.ids) == len(self.logprobs):
+            raise ValueError("LogprobTokens: columns of different lengths")
+
+    @classmethod
+    def of(cls, entries: Iterable[LogprobToken]) -> LogprobTokens:
+        out = cls()
+        for e in entries:
+            out.append(e)
+        return out
+
+    def append(self, entry: LogprobToken) -> None:
+        self.tokens.append(entry.token)
+        self.bytes.append(entry.bytes)
+        self.ids.append(entry.id)
+        self.logprobs.append(entry.logprob)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @overload
+    def __getitem__(self, index: int) -> LogprobToken: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> LogprobTokens: ...
+
+    def __getitem__(self, index: int | slice) -> LogprobToken | LogprobTokens:
+        if isinstance(index, slice):
+            return LogprobTokens(self.tokens[index], self.bytes[index], self.ids[index],
+                                 self.logprobs[index])
+        return LogprobToken(self.tokens[index], self.bytes[index], self.ids[index],
+                            self.logprobs[index])
+
+    def __iter__(self) -> Iterator[LogprobToken]:
+        return map(LogprobToken, self.tokens, self.bytes, self.ids, self.logprobs)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LogprobTokens):
+            return (self.tokens, self.bytes, self.ids, self.logprobs) == (
+                other.tokens, other.bytes, other.ids, other.logprobs)
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"LogprobTokens({list(self)!r})"
 
 
 @dataclass(slots=True)
@@ -82,7 +151,8 @@ class RawAnswer:
     """Answer token IDs reported by the engine (SGLang `output_ids`, vLLM `token_ids`)."""
     prompt_ids: list[int] | None = None
     """Prompt token IDs reported by the engine (vLLM `prompt_token_ids`), if any."""
-    logprobs: list[LogprobToken] | None = None
+    logprobs: Sequence[LogprobToken] | None = None
+    """Per-token logprob entries (`LogprobTokens` from the chat backends)."""
     stop_token_id: int | None = None
     """The stop token the engine matched, when it reports one (SGLang `finish_reason.matched`)."""
     text: str | None = None

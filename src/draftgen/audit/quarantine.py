@@ -8,11 +8,13 @@ removed, and only then does the temp file replace responses.jsonl (one rename); 
 rebuilt last. A kill before the rename leaves every answer in responses.jsonl (some perhaps also
 in quarantine.jsonl: quarantining again does not copy them twice); after it, each answer is in
 exactly one of the two files. A missing index is rebuilt from the data by the next reader.
-Refused while a run is live on the folder; the run's lock is held throughout.
+Refused while a run is live on the folder; the run's lock is held throughout. In a sharded run
+each folder's files are moved within that folder, under that folder's lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -47,29 +49,39 @@ class QuarantineResult:
 
 
 def quarantine(report: AuditReport) -> QuarantineResult:
-    layout = RunLayout(report.root)
-    holder = lock_holder(layout.lock)
-    if holder:
-        raise QuarantineError(
-            f"{report.root}: a draftgen run is live on this folder (pid {holder.get('pid', '?')} "
-            f"on {holder.get('host', '?')}); stop it first (draftgen stop {report.root}), then "
-            "audit and quarantine again")
+    """Move the failing lines of every audited file (each in its own run folder); the result
+    is keyed as `report.datasets` is."""
+    failing = {key: d for key, d in report.datasets.items() if len(d.failing)}
+    folders = list(dict.fromkeys(d.folder for d in failing.values()))
+    for folder in folders:
+        holder = lock_holder(RunLayout(folder).lock)
+        if holder:
+            raise QuarantineError(
+                f"{folder}: a draftgen run is live on this folder (pid {holder.get('pid', '?')} "
+                f"on {holder.get('host', '?')}); stop it first (draftgen stop {report.root}), "
+                "then audit and quarantine again")
+    result = QuarantineResult()
+    with contextlib.ExitStack() as held:
+        for folder in folders:
+            held.enter_context(_locked(RunLayout(folder)))
+        for d in failing.values():
+            _check_unchanged(RunLayout(d.folder), d.name, d)
+        for key, d in failing.items():
+            result.moved[key], result.already[key] = _move(RunLayout(d.folder), d.name, d)
+    return result
+
+
+@contextlib.contextmanager
+def _locked(layout: RunLayout) -> Iterator[None]:
     lock = RunLock(layout.lock)
     try:
         lock.acquire()
     except (RunLocked, StoreError) as e:
         raise QuarantineError(str(e)) from None
-    result = QuarantineResult()
     try:
-        for name, d in report.datasets.items():
-            if len(d.failing):
-                _check_unchanged(layout, name, d)
-        for name, d in report.datasets.items():
-            if len(d.failing):
-                result.moved[name], result.already[name] = _move(layout, name, d)
+        yield
     finally:
         lock.release()
-    return result
 
 
 def _check_unchanged(layout: RunLayout, name: str, d: DatasetAudit) -> None:

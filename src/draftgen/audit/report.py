@@ -31,6 +31,11 @@ class Failing:
         self.ends.extend(r.fail_ends)
         self.masks.extend(r.fail_masks)
 
+    def merge(self, other: Failing) -> None:
+        self.starts.extend(other.starts)
+        self.ends.extend(other.ends)
+        self.masks.extend(other.masks)
+
 
 @dataclass
 class DatasetAudit:
@@ -40,6 +45,18 @@ class DatasetAudit:
     snapshot_size: int = 0
     """Bytes of responses.jsonl audited (the file's size when the audit started)."""
     torn_tail_bytes: int = 0
+    folder: Path = Path()
+    """The run folder holding the file (a shard's folder in a sharded run)."""
+    name: str = ""
+    """The dataset (the report's key is the file's place: shards/0-of-4/<dataset> in a shard)."""
+
+    def merge(self, other: DatasetAudit) -> None:
+        """Count another file of the same dataset (another folder of a sharded run) in; the
+        byte ranges of failing lines then no longer name one file: for counting only."""
+        self.answers += other.answers
+        self.problems.update(other.problems)
+        self.failing.merge(other.failing)
+        self.torn_tail_bytes += other.torn_tail_bytes
 
 
 @dataclass
@@ -68,6 +85,25 @@ class AuditReport:
     @property
     def ok(self) -> bool:
         return self.failing == 0
+
+    @property
+    def sharded(self) -> bool:
+        return any(d.folder != self.root for d in self.datasets.values())
+
+    def by_dataset(self) -> dict[str, DatasetAudit]:
+        """The files of each dataset (one per folder of a sharded run) as one."""
+        if not self.sharded:
+            return self.datasets
+        merged: dict[str, DatasetAudit] = {}
+        for d in self.datasets.values():
+            merged.setdefault(d.name, DatasetAudit(folder=self.root, name=d.name)).merge(d)
+        return merged
+
+    def by_folder(self) -> dict[Path, list[DatasetAudit]]:
+        folders: dict[Path, list[DatasetAudit]] = {}
+        for d in self.datasets.values():
+            folders.setdefault(d.folder, []).append(d)
+        return folders
 
     def add(self, r: ChunkResult) -> None:
         d = self.datasets[r.dataset]
@@ -106,10 +142,9 @@ class AuditReport:
                               "examples": self.examples.get(code, []),
                               "meaning": meaning}
                        for code, meaning in PROBLEMS.items()},
-            "datasets": {name: {"answers": d.answers, "failing": len(d.failing),
-                                "problems": dict(d.problems.most_common()),
-                                "torn_tail_bytes": d.torn_tail_bytes}
-                         for name, d in self.datasets.items()},
+            "datasets": {name: _dataset_json(d) for name, d in self.by_dataset().items()},
+            **({"files": {key: {"folder": str(d.folder), "dataset": d.name, **_dataset_json(d)}
+                          for key, d in self.datasets.items()}} if self.sharded else {}),
             "by_backend": self._group_json("backend"),
             "by_provider": self._group_json("provider"),
             "seconds": round(self.seconds, 3),
@@ -117,6 +152,11 @@ class AuditReport:
             "workers": self.workers,
             "notes": self.notes,
         }
+
+
+def _dataset_json(d: DatasetAudit) -> dict[str, Any]:
+    return {"answers": d.answers, "failing": len(d.failing),
+            "problems": dict(d.problems.most_common()), "torn_tail_bytes": d.torn_tail_bytes}
 
 
 def render_report(report: AuditReport, console: Any) -> None:
@@ -127,7 +167,8 @@ def render_report(report: AuditReport, console: Any) -> None:
     console.print(f"[bold]{report.root}[/] · {report.answers:,} answers audited against "
                   f"format {report.format} ({report.tokenizer}) in {report.seconds:.1f}s · "
                   f"{verdict}", highlight=False)
-    names = list(report.datasets)
+    datasets = report.by_dataset()
+    names = list(datasets)
     table = Table(header_style="bold")
     table.add_column("check")
     for name in names:
@@ -135,11 +176,11 @@ def render_report(report: AuditReport, console: Any) -> None:
     if len(names) > 1:
         table.add_column("total", justify="right")
     table.add_column("examples")
-    table.add_row("answers", *[f"{report.datasets[n].answers:,}" for n in names],
+    table.add_row("answers", *[f"{datasets[n].answers:,}" for n in names],
                   *([f"{report.answers:,}"] if len(names) > 1 else []), "", style="dim")
     for code in PROBLEMS:
         total = report.problems.get(code, 0)
-        per = [f"{report.datasets[n].problems.get(code, 0):,}" for n in names]
+        per = [f"{datasets[n].problems.get(code, 0):,}" for n in names]
         style = "red" if total else None
         table.add_row(code, *per, *([f"{total:,}"] if len(names) > 1 else []),
                       ", ".join(report.examples.get(code, [])), style=style)
@@ -155,5 +196,20 @@ def render_report(report: AuditReport, console: Any) -> None:
             fails = ", ".join(f"{p} {n:,}" for p, n in sorted(g["problems"].items())) or "-"
             t.add_row(name, f"{g['answers']:,}", fails)
         console.print(t)
+    if report.sharded:
+        console.print(_folders_table(report))
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def _folders_table(report: AuditReport) -> Any:
+    from rich.table import Table
+
+    t = Table(title="by folder", title_justify="left", header_style="bold")
+    for col in ("folder", "answers", "failing"):
+        t.add_column(col, justify="left" if col == "folder" else "right")
+    for folder, files in report.by_folder().items():
+        place = folder.relative_to(report.root) if folder.is_relative_to(report.root) else folder
+        t.add_row(str(place), f"{sum(d.answers for d in files):,}",
+                  f"{sum(len(d.failing) for d in files):,}")
+    return t

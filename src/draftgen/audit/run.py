@@ -5,6 +5,8 @@ nothing is parsed twice) and the ranges are audited by a pool of worker processe
 the run's tokenizer and format; results come back in file order. Memory stays flat: a range is
 read, checked and dropped; only counts, example IDs and the failing lines' byte ranges are kept.
 Nothing is written in the run folder (see `audit.quarantine` for moving failing answers out).
+A sharded run is audited as one: every folder of `scale.shards.run_parts`, with one tokenizer
+and format (the shards must share them), an ID answered in two folders failing `duplicate_id`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -25,10 +28,10 @@ from draftgen.audit.engine import Auditor, Chunk, ChunkResult, FormatSpec, audit
 from draftgen.audit.engine import run_chunk as _run_chunk
 from draftgen.audit.report import AuditReport, DatasetAudit
 from draftgen.formats import FormatError
+from draftgen.scale.shards import RunPart, is_sharded, live_parts, run_parts
 from draftgen.status import StatusError, open_layout
 from draftgen.store.fast_index import load_index_columns, torn_tail_bytes
 from draftgen.store.layout import RunLayout
-from draftgen.store.lock import lock_holder
 from draftgen.tokenize import TokenizerError
 
 CHUNK_RECORDS = 256
@@ -72,28 +75,35 @@ def _load(spec: FormatSpec) -> Auditor:
 # ---- planning ---------------------------------------------------------------------------------
 
 
-def _duplicate_ends(layout: RunLayout, names: list[str], sizes: dict[str, int]
-                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
-    """Each dataset's record end offsets, and the end offsets of the records whose ID appeared
-    earlier (in this file or an earlier dataset's), from the index; and lines not records."""
-    ends: dict[str, np.ndarray] = {}
+@dataclass(frozen=True)
+class _File:
+    """One dataset's responses file in one folder of the run."""
+
+    key: str
+    """How the report names it: the dataset, or its path in a shard folder (shards/0-of-4/d)."""
+    layout: RunLayout
+    name: str
+    size: int
+
+
+def _duplicate_ends(files: list[_File]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each file's record end offsets, and the end offsets of the records whose ID appeared
+    earlier (in this file, an earlier dataset's or an earlier folder's), from the index."""
+    ends: list[np.ndarray] = []
     hashes = []
-    bad = 0
-    for name in names:
-        cols = load_index_columns(layout, name, sizes[name])
-        ends[name] = cols.rows["end"].copy()
+    for f in files:
+        cols = load_index_columns(f.layout, f.name, f.size)
+        ends.append(cols.rows["end"].copy())
         hashes.append(cols.rows["idh"])
-        bad += cols.bad_lines
     all_h = np.concatenate(hashes) if hashes else np.empty(0, dtype=np.uint64)
     first = np.zeros(len(all_h), dtype=bool)
     first[np.unique(all_h, return_index=True)[1]] = True
     dups: dict[str, np.ndarray] = {}
     pos = 0
-    for name in names:
-        n = len(ends[name])
-        dups[name] = np.sort(ends[name][~first[pos:pos + n]])
-        pos += n
-    return ends, dups, bad
+    for f, mine in zip(files, ends, strict=True):
+        dups[f.key] = np.sort(mine[~first[pos:pos + len(mine)]])
+        pos += len(mine)
+    return {f.key: e for f, e in zip(files, ends, strict=True)}, dups
 
 
 def _chunks(name: str, path: Path, ends: np.ndarray, dups: np.ndarray, stop: int,
@@ -131,31 +141,87 @@ def _in_pool(spec: FormatSpec, workers: int, chunks: Iterator[Chunk]) -> Iterato
             yield fut.result()
 
 
+@dataclass
+class _Folder:
+    part: RunPart
+    layout: RunLayout
+    run_json: dict[str, Any]
+
+
+def _folders(root: Path) -> list[_Folder]:
+    """The run's folders that hold a run (a shard folder just created holds nothing yet)."""
+    parts = run_parts(root)
+    out = []
+    for part in parts:
+        if is_sharded(parts) and not (RunLayout(part.folder).run_json.exists()
+                                      or RunLayout(part.folder).dataset_names()):
+            continue
+        try:
+            layout, run_json = open_layout(part.folder)
+        except StatusError as e:
+            raise AuditError(str(e)) from None
+        out.append(_Folder(part, layout, run_json))
+    if not out:
+        raise AuditError(f"{root}: no shard folder holds a run yet")
+    return out
+
+
+def _run_spec(folders: list[_Folder], tokenizer: Path | None) -> FormatSpec:
+    """The tokenizer and format every folder used; their routing rules together."""
+    specs = [format_spec(f.run_json, tokenizer) for f in folders]
+    first = specs[0]
+    sha = _tokenizer_sha(folders[0].run_json)
+    for f, spec in zip(folders[1:], specs[1:], strict=True):
+        differs = (spec.format, spec.options) != (first.format, first.options) or (
+            tokenizer is None and _tokenizer_sha(f.run_json) not in (None, sha))
+        if differs:
+            raise AuditError(f"{f.layout.root}: run with another model format or tokenizer "
+                             f"than {folders[0].layout.root}; audit each folder on its own")
+    routing: dict[str, dict[str, Any]] = {}
+    for spec in reversed(specs):
+        routing.update(spec.routing)
+    return FormatSpec(first.tokenizer, first.format, first.options, routing)
+
+
+def _tokenizer_sha(run_json: dict[str, Any]) -> str | None:
+    tok = run_json.get("tokenizer")
+    sha = tok.get("sha256") if isinstance(tok, dict) else None
+    return sha if isinstance(sha, str) else None
+
+
+def _files(root: Path, folders: list[_Folder]) -> list[_File]:
+    files = []
+    for f in folders:
+        where = "" if f.part.shard is None else f"{f.part.folder.relative_to(root)}/"
+        for name in f.layout.dataset_names():
+            path = f.layout.responses(name)
+            if path.exists():
+                files.append(_File(f"{where}{name}", f.layout, name, path.stat().st_size))
+    return files
+
+
 def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None = None,
               per_chunk: int = CHUNK_RECORDS, progress: Progress | None = None) -> AuditReport:
     started = time.perf_counter()
-    try:
-        layout, run_json = open_layout(root)
-    except StatusError as e:
-        raise AuditError(str(e)) from None
-    spec = format_spec(run_json, tokenizer)
+    folders = _folders(root)
+    spec = _run_spec(folders, tokenizer)
     auditor = _load(spec)
-    report = AuditReport(root=root, live=lock_holder(layout.lock) is not None,
+    report = AuditReport(root=root, live=bool(live_parts([f.part for f in folders])),
                          tokenizer=str(auditor.tokenizer.path), format=spec.format)
-    _tokenizer_note(report, run_json, auditor, tokenizer)
-    names = [n for n in layout.dataset_names() if layout.responses(n).exists()]
-    sizes = {n: layout.responses(n).stat().st_size for n in names}
-    ends, dups, _ = _duplicate_ends(layout, names, sizes)
+    _tokenizer_note(report, folders[0].run_json, auditor, tokenizer)
+    files = _files(root, folders)
+    ends, dups = _duplicate_ends(files)
     total = sum(len(e) for e in ends.values())
     chunks: list[Chunk] = []
-    for name in names:
-        torn = torn_tail_bytes(layout.responses(name), sizes[name])
-        report.datasets[name] = DatasetAudit(snapshot_size=sizes[name], torn_tail_bytes=torn)
+    for f in files:
+        path = f.layout.responses(f.name)
+        torn = torn_tail_bytes(path, f.size)
+        report.datasets[f.key] = DatasetAudit(snapshot_size=f.size, torn_tail_bytes=torn,
+                                              folder=f.layout.root, name=f.name)
         if torn:
-            report.notes.append(f"{name}/responses.jsonl: torn last line ({torn} bytes without "
-                                "a newline): not audited; the next draftgen run cuts it")
-        chunks.extend(_chunks(name, layout.responses(name), ends[name], dups[name],
-                              sizes[name] - torn, per_chunk))
+            report.notes.append(f"{f.key}/responses.jsonl: torn last line ({torn} bytes "
+                                "without a newline): not audited; the next draftgen run cuts it")
+        chunks.extend(_chunks(f.key, path, ends[f.key], dups[f.key], f.size - torn, per_chunk))
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     workers = min(workers, max(1, len(chunks)))
     report.workers = workers

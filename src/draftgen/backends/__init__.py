@@ -7,6 +7,7 @@ from collections.abc import Callable
 from draftgen.backends.base import Backend, Capabilities
 from draftgen.backends.llamacpp import make_llamacpp_backend
 from draftgen.backends.openai_chat import OpenAIChatBackend
+from draftgen.backends.router import BackendNotReady
 from draftgen.backends.sglang import SGLangBackend
 from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
 
@@ -23,4 +24,4 @@ def make_backend(cfg: BackendConfig, model: ModelConfig, sampling: SamplingConfi
     return _BY_TYPE[cfg.type](cfg, model, sampling)
 
 
-__all__ = ["Backend", "Capabilities", "make_backend"]
+__all__ = ["Backend", "BackendNotReady", "Capabilities", "make_backend"]

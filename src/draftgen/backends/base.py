@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from draftgen.backends.router import wait_for_fleet
 from draftgen.config import BackendConfig, ModelConfig, Price, SamplingConfig
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
@@ -38,12 +39,16 @@ class Backend(ABC):
         self.sampling = sampling
         self._api_key = cfg.api_key()
         self._session: aiohttp.ClientSession | None = None
+        self.concurrency = cfg.concurrency
+        """Requests in flight at most; a `fleet` backend's is set at start from its workers."""
 
     async def start(self) -> None:
+        if self.cfg.fleet is not None:
+            self.concurrency = await wait_for_fleet(self.cfg, self.cfg.fleet, self._headers())
         # One pool sized for the backend's concurrency: aiohttp's default of 100 connections
         # would silently cap a 2,000-request run.
         connector = aiohttp.TCPConnector(
-            limit=self.cfg.concurrency + 16,
+            limit=self.concurrency + 16,
             limit_per_host=0,
             ttl_dns_cache=300,
             keepalive_timeout=60,

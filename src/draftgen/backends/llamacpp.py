@@ -4,8 +4,9 @@
   draftgen's format and `return_tokens: true`; the engine's sampled IDs come back in `tokens`.
   The exact path, like SGLang's `/generate`.
 - `endpoint: chat`: the OpenAI chat endpoint (`OpenAIChatBackend`), asking for
-  `logprobs: true, top_logprobs: 1`: llama-server puts each sampled token's `id` and `bytes` in
-  its logprob entry, so the IDs can be recovered without re-encoding the text.
+  `logprobs: true, top_logprobs: 1` (the least that gets entries): llama-server puts each
+  sampled token's `id` and `bytes` in its logprob entry, so the IDs can be recovered without
+  re-encoding the text.
 
 A backend with `model:` instead of `url:` runs on a server draftgen starts
 (`backends/managed_llamacpp.py`); by the time a backend is made its config carries that URL.
@@ -113,11 +114,12 @@ class LlamaCppChatBackend(OpenAIChatBackend):
 
     def build_body(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
         body = super().build_body(prompt, max_tokens)
-        # The base class asks for them when `logprobs: true` (the default); `logprobs: false`
-        # gives the text-only path (IDs reconstructed from text).
-        if getattr(self.cfg, "logprobs", True) and "logprobs" not in body:
-            body["logprobs"] = True
-            body["top_logprobs"] = 1
+        # The base class asks for logprobs when `logprobs: true` (the default); `logprobs:
+        # false` gives the text-only path (IDs reconstructed from text). llama-server needs
+        # `top_logprobs` >= 1: it takes it as `n_probs`, 20 when absent, and reports no entries
+        # at all with 0 (server-common.cpp, server-context.cpp). 1 is the least it sends.
+        if body.get("logprobs"):
+            body.setdefault("top_logprobs", 1)
         return body
 
 

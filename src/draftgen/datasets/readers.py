@@ -8,6 +8,7 @@ one at a time. A row that cannot be parsed comes out as a `BadRow`, never as an 
 from __future__ import annotations
 
 import gzip
+import os
 import re
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ ARROW_ROWS_PER_CHUNK = 64
 PARQUET_BATCH_ROWS = 1024
 
 JSON_ROW_LIST_KEYS = ("data", "rows", "train")
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
+PLAIN_JSONL_SUFFIXES = (".jsonl", ".ndjson")
+JSONL_SUFFIXES = (*PLAIN_JSONL_SUFFIXES, ".jsonl.gz", ".ndjson.gz")
 FOLDER_DATA_SUFFIXES = (*JSONL_SUFFIXES, ".parquet")
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -42,6 +44,19 @@ class Row:
 
     source: str
     data: Any
+    at: RowAt | None = None
+    """Where the row's bytes are, for sources that can be re-read one row at a time."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowAt:
+    """A JSONL row's place in its (uncompressed) file: `length` bytes from `offset`, on
+    1-based `line` (a leading UTF-8 BOM is not part of the row)."""
+
+    path: str
+    offset: int
+    length: int
+    line: int
 
 
 RowStream = Generator["Row | BadRow", None, None]
@@ -58,6 +73,61 @@ def open_rows(path: str, split: str = "train", subset: str | None = None) -> Row
     if not local.exists() and HUB_NAME.match(path):
         return _open_hub(path, split, subset)
     raise DatasetError(f"{path}: no such file or folder")
+
+
+def plain_jsonl_files(path: str, split: str = "train") -> list[Path] | None:
+    """The files of a dataset made only of uncompressed JSONL (one file, or a folder of data
+    files), whose rows can be re-read one at a time by offset; None for any other source."""
+    local = Path(path).expanduser()
+    if local.is_file():
+        files = [local]
+    elif local.is_dir() and not (local / "dataset_dict.json").is_file() \
+            and not _is_save_to_disk_folder(local):
+        files = _data_files(local, split)
+    else:
+        return None
+    plain = all(f.name.lower().endswith(PLAIN_JSONL_SUFFIXES) for f in files)
+    return files if plain else None
+
+
+def located_jsonl_rows(files: list[Path]) -> RowStream:
+    """The rows of plain JSONL files, each with its `RowAt`: the same rows, sources and bad
+    rows as `open_rows` gives for them."""
+    for path in files:
+        with _open_binary(path) as stream:
+            try:
+                yield from _parse_jsonl_lines(str(path), stream, locate=True)
+            except OSError as e:
+                raise DatasetError(f"{path}: cannot read: {e}") from None
+
+
+def rows_at(places: list[RowAt]) -> list[Row | BadRow]:
+    """The rows at `places` (each file opened once), in the order given."""
+    out: list[Row | BadRow] = []
+    handles: dict[str, int] = {}
+    try:
+        for at in places:
+            fd = handles.get(at.path)
+            if fd is None:
+                fd = handles[at.path] = _open_fd(at.path)
+            line = os.pread(fd, at.length, at.offset)
+            row = _parse_json_line(f"{at.path}:{at.line}", line)
+            if isinstance(row, Row):
+                row.at = at
+            out.append(row)
+    except OSError as e:
+        raise DatasetError(f"{at.path}: cannot read line {at.line}: {e}") from None
+    finally:
+        for fd in handles.values():
+            os.close(fd)
+    return out
+
+
+def _open_fd(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot open: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,30 +167,40 @@ def _jsonl_rows(path: Path) -> RowStream:
             raise DatasetError(f"{path}: cannot read: {e}") from None
 
 
-def _parse_jsonl_lines(where: str, stream: IO[bytes]) -> RowStream:
+def _parse_jsonl_lines(where: str, stream: IO[bytes], *, locate: bool = False) -> RowStream:
+    """The rows of JSON lines; with `locate`, each row says where its bytes are (`RowAt`)."""
     line_number = 0
+    offset = 0
     while True:
         line = stream.readline(MAX_LINE_BYTES + 1)
         if not line:
             return
         line_number += 1
+        start, offset = offset, offset + len(line)
         source = f"{where}:{line_number}"
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-            _skip_rest_of_line(stream)
+            offset += _skip_rest_of_line(stream)
             yield BadRow(source, f"line longer than {MAX_LINE_BYTES} bytes, skipped")
             continue
         if line_number == 1 and line.startswith(UTF8_BOM):
             line = line[len(UTF8_BOM) :]
+            start += len(UTF8_BOM)
         if not line.strip():
             continue
-        yield _parse_json_line(source, line)
+        row = _parse_json_line(source, line)
+        if locate and isinstance(row, Row):
+            row.at = RowAt(where, start, len(line), line_number)
+        yield row
 
 
-def _skip_rest_of_line(stream: IO[bytes]) -> None:
+def _skip_rest_of_line(stream: IO[bytes]) -> int:
+    """Read past the end of the current line; the number of bytes skipped."""
+    skipped = 0
     while True:
         chunk = stream.readline(_SKIP_CHUNK_BYTES)
+        skipped += len(chunk)
         if not chunk or chunk.endswith(b"\n"):
-            return
+            return skipped
 
 
 def _parse_json_line(source: str, line: bytes) -> Row | BadRow:

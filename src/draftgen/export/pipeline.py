@@ -35,21 +35,21 @@ from draftgen.export.options import ExportError, ExportFormat, ExportOptions
 from draftgen.export.rows import TrainRow, build_row, sampling
 from draftgen.export.select import CapFinder, DatasetTally, Pick, Selector
 from draftgen.export.source import (
-    FileScan,
+    ReadCounts,
     Record,
     RunSource,
     RunTokenizer,
     SourceError,
-    iter_jsonl,
     load_run_tokenizer,
     open_run,
-    report_scan,
 )
 from draftgen.export.writers import ParquetSink, Sink, SpecForgeSink, SpeculatorsSink
 
 log = logging.getLogger("draftgen.export")
 
 MANIFEST = "draftgen_export.json"
+DUPLICATE = "duplicate_across_shards"
+"""The exclusion reason of an answer whose prompt an earlier folder of the run answered."""
 
 
 @dataclass
@@ -177,12 +177,16 @@ def _make_sink(opts: ExportOptions, staging: Path, source: RunSource, tok: RunTo
 
 def _records(source: RunSource, dataset: str, tally: DatasetTally | None = None
              ) -> Iterator[Record]:
-    scan = FileScan()
-    yield from iter_jsonl(source.responses[dataset], scan)
+    """The dataset's answers; with `tally`, what was skipped is counted there and logged (an
+    answer repeating one of an earlier shard folder counts as an excluded duplicate)."""
+    counts = ReadCounts()
+    yield from source.answers(dataset, counts, report=tally is not None)
     if tally is not None:
-        tally.torn_tail_bytes = scan.torn_tail_bytes
-        tally.bad_lines = len(scan.bad_lines)
-        report_scan(source.responses[dataset].path, scan)
+        tally.torn_tail_bytes = counts.torn_tail_bytes
+        tally.bad_lines = counts.bad_lines
+        if counts.duplicates:
+            tally.records += counts.duplicates
+            tally.excluded[DUPLICATE] += counts.duplicates
 
 
 def _cap_thresholds(source: RunSource, datasets: list[str], selector: Selector,

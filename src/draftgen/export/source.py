@@ -1,5 +1,7 @@
 """Reading a run folder without touching it: run.json, the tokenizer it names, and the records
-of every `RUN/<dataset>/responses.jsonl`, streamed line by line.
+of every `RUN/<dataset>/responses.jsonl`, streamed line by line. A sharded run (`draftgen run
+--shard`) is read as one: every folder of `scale.shards.run_parts`, in order; a prompt answered
+in two folders (a run re-sharded) is read once, from the first.
 
 Each file is read up to the size it had when the folder was opened (a snapshot), so several
 passes over a folder that a live run is still appending to see the same lines. A last line
@@ -18,8 +20,10 @@ from typing import Any
 import orjson
 
 from draftgen.formats import Format, FormatError, get_format
+from draftgen.scale.shards import RunPart, is_sharded, live_parts, run_parts, seen_earlier
+from draftgen.store.columns import id_hash
+from draftgen.store.fast_index import load_index_columns
 from draftgen.store.layout import FAILURES, RESPONSES, RunLayout
-from draftgen.store.lock import lock_holder
 from draftgen.store.runinfo import read_run_json
 from draftgen.tokenize import Tokenizer, TokenizerError, load_tokenizer
 
@@ -47,17 +51,38 @@ class Snapshot:
     path: Path
     size: int
 
+    @property
+    def folder(self) -> Path:
+        """The run folder holding this dataset file."""
+        return self.path.parent.parent
+
+
+@dataclass
+class ReadCounts:
+    """What reading a dataset's files skipped, over every folder of the run."""
+
+    torn_tail_bytes: int = 0
+    bad_lines: int = 0
+    duplicates: int = 0
+    """Answers to a prompt answered in an earlier folder of the run (a re-sharded run)."""
+
 
 @dataclass
 class RunSource:
-    """A run folder opened for reading."""
+    """A run folder opened for reading (every folder of a sharded run)."""
 
     root: Path
     run_json: dict[str, Any]
-    responses: dict[str, Snapshot]
-    failures: dict[str, Snapshot]
+    """The first folder's (the shards of a run share their config)."""
+    responses: dict[str, list[Snapshot]]
+    """Each dataset's responses files, in folder order."""
+    failures: dict[str, list[Snapshot]]
     live: bool
-    """A draftgen run held the folder's lock when it was opened."""
+    """A draftgen run held a folder's lock when it was opened."""
+    parts: list[RunPart] = field(default_factory=list)
+    sessions: list[dict[str, Any]] = field(default_factory=list)
+    """Every folder's sessions in start order, a shard's named by "shard" (e.g. "0/4")."""
+    _repeats: dict[str, list[set[int]]] = field(default_factory=dict)
 
     @property
     def datasets(self) -> list[str]:
@@ -86,29 +111,88 @@ class RunSource:
         return path if isinstance(path, str) else None
 
     def responses_bytes(self, datasets: list[str]) -> int:
-        return sum(self.responses[d].size for d in datasets if d in self.responses)
+        return sum(s.size for d in datasets for s in self.responses.get(d, []))
+
+    def answers(self, dataset: str, counts: ReadCounts | None = None, report: bool = False
+                ) -> Iterator[Record]:
+        """The dataset's answers, file after file; an answer to a prompt answered in an
+        earlier folder is skipped and counted in `counts.duplicates`. `report`: log what was
+        skipped (torn last lines, lines that are not JSON)."""
+        counts = counts if counts is not None else ReadCounts()
+        for snapshot, repeated in zip(self.responses.get(dataset, []), self._repeated(dataset),
+                                      strict=True):
+            for record in _read(snapshot, counts, report):
+                if repeated and id_hash(str(record.get("id"))) in repeated:
+                    counts.duplicates += 1
+                    continue
+                yield record
+
+    def failure_lines(self, dataset: str, report: bool = False) -> Iterator[Record]:
+        for snapshot in self.failures.get(dataset, []):
+            yield from _read(snapshot, ReadCounts(), report)
+
+    def _repeated(self, dataset: str) -> list[set[int]]:
+        """Per responses file, the ID hashes an earlier folder answered (from the indexes;
+        empty sets and nothing read for a run in one folder)."""
+        if dataset not in self._repeats:
+            snapshots = self.responses.get(dataset, [])
+            if len(snapshots) < 2:
+                self._repeats[dataset] = [set() for _ in snapshots]
+            else:
+                hashes = [load_index_columns(RunLayout(s.folder), dataset, s.size).rows["idh"]
+                          for s in snapshots]
+                self._repeats[dataset] = [set(h.tolist()) for h in seen_earlier(hashes)]
+        return self._repeats[dataset]
+
+
+def _read(snapshot: Snapshot, counts: ReadCounts, report: bool) -> Iterator[Record]:
+    scan = FileScan()
+    yield from iter_jsonl(snapshot, scan)
+    counts.torn_tail_bytes += scan.torn_tail_bytes
+    counts.bad_lines += len(scan.bad_lines)
+    if report:
+        report_scan(snapshot.path, scan)
 
 
 def open_run(root: Path) -> RunSource:
-    """Read run.json and take a snapshot of every dataset file's size."""
+    """Read run.json and take a snapshot of every dataset file's size, in every folder of the
+    run (`run_parts`)."""
     if not root.is_dir():
         raise SourceError(f"{root}: not a folder")
-    layout = RunLayout(root)
-    names = layout.dataset_names()
-    if not names and not layout.run_json.exists():
+    parts = run_parts(root)
+    layouts = [RunLayout(p.folder) for p in parts]
+    if not any(lay.dataset_names() or lay.run_json.exists() for lay in layouts):
         raise SourceError(f"{root}: not a draftgen run folder (no run.json, no dataset folders)")
-    responses: dict[str, Snapshot] = {}
-    failures: dict[str, Snapshot] = {}
-    for name in names:
-        for file, into in ((RESPONSES, responses), (FAILURES, failures)):
-            path = root / name / file
-            if path.is_file():
-                into[name] = Snapshot(path, path.stat().st_size)
+    responses: dict[str, list[Snapshot]] = {}
+    failures: dict[str, list[Snapshot]] = {}
+    for layout in layouts:
+        for name in layout.dataset_names():
+            for file, into in ((RESPONSES, responses), (FAILURES, failures)):
+                path = layout.root / name / file
+                if path.is_file():
+                    into.setdefault(name, []).append(Snapshot(path, path.stat().st_size))
+    run_jsons = [_run_json(lay) for lay in layouts]
+    return RunSource(root, next((r for r in run_jsons if r), {}), responses, failures,
+                     live=bool(live_parts(parts)), parts=parts,
+                     sessions=_sessions(parts, run_jsons))
+
+
+def _run_json(layout: RunLayout) -> dict[str, Any]:
     try:
-        run_json = read_run_json(layout.run_json)
+        return read_run_json(layout.run_json)
     except (OSError, orjson.JSONDecodeError) as e:
         raise SourceError(f"{layout.run_json}: cannot read: {e}") from None
-    return RunSource(root, run_json, responses, failures, live=lock_holder(layout.lock) is not None)
+
+
+def _sessions(parts: list[RunPart], run_jsons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    sessions = []
+    for part, run_json in zip(parts, run_jsons, strict=True):
+        for s in run_json.get("sessions") or []:
+            if isinstance(s, dict):
+                sessions.append({**s, "shard": part.label} if is_sharded(parts) else s)
+    if is_sharded(parts):
+        sessions.sort(key=lambda s: s.get("started_at") or 0.0)
+    return sessions
 
 
 def iter_jsonl(snapshot: Snapshot, scan: FileScan, block: int = 1 << 20) -> Iterator[Record]:

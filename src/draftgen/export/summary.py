@@ -7,7 +7,7 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
-from draftgen.export.pipeline import ExportSummary
+from draftgen.export.pipeline import DUPLICATE, ExportSummary
 
 REASONS: dict[str, str] = {
     "truncated": "cut off by max_tokens (finish_reason length; --keep-truncated keeps them)",
@@ -24,6 +24,8 @@ REASONS: dict[str, str] = {
     "weight": "left out by a --weight below 1 (seeded)",
     "cap": "left out by --cap (seeded)",
     "broken_row": "cannot become a sound row (--skip-broken)",
+    DUPLICATE: "prompt answered in two folders of a re-sharded run: the first folder's answer "
+               "is kept",
 }
 
 

@@ -27,7 +27,7 @@ DEFAULT_MAX_TOKENS = 512
 
 _KEY_EXCLUDE = {
     "concurrency", "priority", "price", "paid", "cooldown_after", "cooldown_s", "timeout_s",
-    "connect_timeout_s", "max_retries", "backoff_base_s", "backoff_max_s", "headers",
+    "connect_timeout_s", "max_retries", "backoff_base_s", "backoff_max_s", "headers", "fleet",
 }
 """Backend settings that cannot change what the endpoint answers."""
 

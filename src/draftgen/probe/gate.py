@@ -52,7 +52,7 @@ def stored_results(run_json: Path) -> dict[str, BackendProbe]:
 
 def dataset_needs(plan: Plan) -> dict[str, set[str]]:
     """What each dataset's prompts need from a backend beyond plain answers."""
-    return {ds.name: {"tools"} if any(p.tools for p in ds.prompts) else set()
+    return {ds.name: {"tools"} if ds.prompts.has_tools else set()
             for ds in plan.datasets}
 
 

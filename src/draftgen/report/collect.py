@@ -14,13 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftgen.export.source import (
-    FileScan,
-    RunSource,
-    iter_jsonl,
-    load_run_tokenizer,
-    report_scan,
-)
+from draftgen.export.source import ReadCounts, RunSource, load_run_tokenizer
 
 SAMPLE_CAP = 200_000
 BIN_S = 60
@@ -69,6 +63,8 @@ class DatasetStats:
     latency: Reservoir = field(default_factory=lambda: Reservoir(seed=3))
     torn_tail_bytes: int = 0
     bad_lines: int = 0
+    duplicates: int = 0
+    """Answers to prompts an earlier folder of a re-sharded run answered: left out."""
 
 
 @dataclass
@@ -161,27 +157,26 @@ def answer_cost(record: dict[str, Any]) -> float:
 def collect(source: RunSource) -> RunStats:
     tok = load_run_tokenizer(source)
     splitter = LengthSplitter(tok.end_think_id)
-    stats = RunStats(str(source.root), source.run_json, live=source.live)
+    stats = RunStats(str(source.root), {**source.run_json, "sessions": source.sessions},
+                     live=source.live)
     stats.length_source = (
         "split at the end-of-reasoning token of the run's format" if tok.end_think_id is not None
         else f"usage.reasoning_tokens as reported ({tok.note})"
     )
     for name in source.datasets:
         ds = stats.datasets.setdefault(name, DatasetStats())
-        if name in source.responses:
-            _collect_answers(source, name, ds, stats, splitter)
-        if name in source.failures:
-            _collect_failures(source, name, ds, stats)
+        _collect_answers(source, name, ds, stats, splitter)
+        _collect_failures(source, name, ds, stats)
     return stats
 
 
 def _collect_answers(source: RunSource, name: str, ds: DatasetStats, stats: RunStats,
                      splitter: LengthSplitter) -> None:
-    scan = FileScan()
-    for record in iter_jsonl(source.responses[name], scan):
+    counts = ReadCounts()
+    for record in source.answers(name, counts, report=True):
         add_answer(record, ds, stats, splitter)
-    ds.torn_tail_bytes, ds.bad_lines = scan.torn_tail_bytes, len(scan.bad_lines)
-    report_scan(source.responses[name].path, scan)
+    ds.torn_tail_bytes, ds.bad_lines = counts.torn_tail_bytes, counts.bad_lines
+    ds.duplicates = counts.duplicates
 
 
 def add_answer(record: dict[str, Any], ds: DatasetStats, stats: RunStats,
@@ -219,12 +214,10 @@ def add_answer(record: dict[str, Any], ds: DatasetStats, stats: RunStats,
 
 
 def _collect_failures(source: RunSource, name: str, ds: DatasetStats, stats: RunStats) -> None:
-    scan = FileScan()
-    for failure in iter_jsonl(source.failures[name], scan):
+    for failure in source.failure_lines(name, report=True):
         kind = str(failure.get("kind") or "unknown")
         ds.failures += 1
         ds.failure_kinds[kind] += 1
         backend = stats.backend(str(failure.get("backend")))
         backend.failures += 1
         backend.failure_kinds[kind] += 1
-    report_scan(source.failures[name].path, scan)

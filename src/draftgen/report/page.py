@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from draftgen.report.collect import Reservoir, RunStats
+from draftgen.report.collect import DatasetStats, Reservoir, RunStats
 
 SECTIONS: list[tuple[str, str, str]] = [
     ("spend", "Spend and answers over time", "spend_over_time"),
@@ -104,11 +104,18 @@ def _datasets_table(stats: RunStats) -> str:
             name, f"{d.answers:,}", f"{d.failures:,}", f"{d.output_tokens:,}",
             f"{d.reasoning_tokens:,}", _usd(d.cost), _pct(d.finish["length"], d.answers),
             _pct(d.checks["exact"], d.answers),
-            f"{d.torn_tail_bytes} B torn, {d.bad_lines} bad" if d.torn_tail_bytes or d.bad_lines
-            else "",
+            _file_issues(d),
         ))
     return _table(("dataset", "answers", "failed", "output tokens", "reasoning tokens", "spend",
                    "truncated", "exact IDs", "file issues"), rows, "totals")
+
+
+def _file_issues(d: DatasetStats) -> str:
+    issues = [f"{d.torn_tail_bytes} B torn, {d.bad_lines} bad"] if (
+        d.torn_tail_bytes or d.bad_lines) else []
+    if d.duplicates:
+        issues.append(f"{d.duplicates:,} answered in two shard folders (left out)")
+    return "; ".join(issues)
 
 
 def _backends_table(stats: RunStats) -> str:
@@ -127,7 +134,8 @@ def _sessions_table(stats: RunStats) -> str:
     rows = []
     for i, s in enumerate(sessions):
         summary = s.get("summary") or {}
-        rows.append((i + 1, _when(s.get("started_at")), _when(s.get("stopped_at")),
+        label = f"{i + 1} (shard {s['shard']})" if s.get("shard") else i + 1
+        rows.append((label, _when(s.get("started_at")), _when(s.get("stopped_at")),
                      s.get("outcome") or "running or killed", summary.get("done_now", "-"),
                      summary.get("failed_now", "-"), summary.get("cost_usd_now", "-")))
     if not rows:

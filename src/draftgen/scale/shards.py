@@ -8,10 +8,17 @@ the run folder and read every shard in it as one run (`run_folders`).
 
 from __future__ import annotations
 
-import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftgen.store.columns import id_hash
+from draftgen.store.layout import RunLayout
+from draftgen.store.lock import lock_holder
 
 SHARDS_DIR = "shards"
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -56,12 +63,17 @@ class ShardSpec:
 
 
 def shard_of(prompt_id: str, count: int) -> int:
-    """The shard of a prompt: a hash of its stable ID, the same on every machine and Python
-    (never the built-in `hash`, which is salted per process)."""
-    if count == 1:
-        return 0
-    digest = hashlib.blake2b(prompt_id.encode(), digest_size=8, person=b"dg-shard").digest()
-    return int.from_bytes(digest, "little") % count
+    """The shard of a prompt: the 64-bit hash of its stable ID (`store.columns.id_hash`, the
+    same on every machine and Python, never the salted built-in `hash`) modulo the count. The
+    prompt table caches that hash, so a dataset is split without hashing it (`shard_mask`)."""
+    return 0 if count == 1 else id_hash(prompt_id) % count
+
+
+def shard_mask(id_hashes: np.ndarray, shard: ShardSpec) -> np.ndarray:
+    """For each prompt's `id_hash` (`PromptTable.id_hashes`), whether the shard takes it: the
+    same answer as `shard.takes(id)`, for a million prompts in milliseconds."""
+    hashes = np.asarray(id_hashes, dtype=np.uint64)
+    return hashes % np.uint64(shard.count) == np.uint64(shard.index)
 
 
 def shard_folders(run_root: Path) -> list[Path]:
@@ -82,5 +94,67 @@ def run_folders(run_root: Path) -> list[Path]:
     """Every run folder that holds part of this run: the root itself when it holds answers or
     a run.json of its own, then each shard folder. Readers treat them as one run."""
     root = Path(run_root)
-    folders = [root] if (root / "run.json").exists() else []
+    folders = [root] if _holds_run(root) else []
     return folders + shard_folders(root)
+
+
+def _holds_run(folder: Path) -> bool:
+    layout = RunLayout(folder)
+    return layout.run_json.exists() or bool(layout.dataset_names())
+
+
+@dataclass(frozen=True, slots=True)
+class RunPart:
+    """One run folder of a run: the root's own (unsharded) part, or one shard's folder."""
+
+    folder: Path
+    shard: ShardSpec | None = None
+
+    @property
+    def label(self) -> str:
+        """"0/4" for a shard, "root" for the run folder's own part."""
+        return str(self.shard) if self.shard else "root"
+
+    @property
+    def place(self) -> str:
+        """The folder from the run folder: "." or "shards/I-of-N"."""
+        return f"{SHARDS_DIR}/{self.folder.name}" if self.shard else "."
+
+
+def shard_of_folder(folder: Path) -> ShardSpec | None:
+    """The shard whose folder this is (`shards/I-of-N`), or None."""
+    m = _FOLDER.match(Path(folder).name)
+    if not m or Path(folder).parent.name != SHARDS_DIR:
+        return None
+    return ShardSpec(int(m.group(1)), int(m.group(2)))
+
+
+def run_parts(run_root: Path) -> list[RunPart]:
+    """What the reading commands read, in order: `run_folders` labelled; a folder without
+    shards is its own single part whatever it holds (the reader says what is wrong with it)."""
+    root = Path(run_root)
+    if not shard_folders(root):
+        return [RunPart(root)]
+    return [RunPart(f, shard_of_folder(f)) for f in run_folders(root)]
+
+
+def is_sharded(parts: Sequence[RunPart]) -> bool:
+    return any(p.shard is not None for p in parts)
+
+
+def live_parts(parts: Sequence[RunPart]) -> list[tuple[RunPart, dict[str, Any]]]:
+    """The parts a live draftgen run holds, with the holder's lock info (pid, host)."""
+    held = ((p, lock_holder(RunLayout(p.folder).lock)) for p in parts)
+    return [(p, holder) for p, holder in held if holder is not None]
+
+
+def seen_earlier(hashes: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """For each folder's answered-ID hashes (in folder order), the sorted hashes that an
+    earlier folder also answered: the answers a re-sharded run gave twice."""
+    out = []
+    earlier = np.empty(0, dtype=np.uint64)
+    for h in hashes:
+        mine = np.unique(h)
+        out.append(mine[np.isin(mine, earlier, assume_unique=True)])
+        earlier = np.union1d(earlier, mine)
+    return out

@@ -2,10 +2,12 @@
 index line, so that `draftgen status` reads a million answers' numbers with one `fromfile`
 instead of parsing a million JSON lines.
 
-The JSON index stays what the runner reads; this file is derived from it and kept in step by
-the writer (`Store.append_record` appends a row after each index line; `read_index(repair=True)`
-checks it and rebuilds it when it does not match). Readers trust a row only as far as it agrees
-with the JSON index and the data (see `store.fast_index`); anything else is read from JSON.
+The JSON index stays the reference; this file is derived from it and kept in step by the
+writer (`Store.append_record` appends a row after each index line; at resume,
+`fast_index.catch_up_index` cuts the rows it cannot trust at the end and appends the missing
+ones, and `read_index(repair=True)` rebuilds the file when it disagrees from its first row).
+Readers trust a row only as far as it agrees with the JSON index and the data (see
+`store.fast_index`); anything else is read from JSON.
 
 Each row holds the data end offset and the index end offset of its record (so a reader can find
 the JSON line of any row), a 64-bit hash of the ID, the numbers, and a 32-bit hash of each short
@@ -71,8 +73,15 @@ def row_bytes(entry: IndexEntry, iend: int) -> bytes:
 
 
 def rows_for(entries: Sequence[IndexEntry], line_ends: Sequence[int]) -> np.ndarray:
+    """The rows of index entries whose JSON lines end at `line_ends` in the index file."""
     return np.array([_values(e, i) for e, i in zip(entries, line_ends, strict=True)],
                     dtype=ROW)
+
+
+def concat_rows(*parts: np.ndarray) -> np.ndarray:
+    """The rows of each part, one after the other. Copied as bytes: concatenating the
+    structured arrays themselves goes field by field, ~18x slower (70 ms for 600,000 rows)."""
+    return np.concatenate([np.ascontiguousarray(p).view(np.uint8) for p in parts]).view(ROW)
 
 
 def read_rows(path: Path) -> np.ndarray:
@@ -93,6 +102,20 @@ def write_rows(path: Path, rows: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+def keep_rows(path: Path, count: int) -> None:
+    """Cut the file to its first `count` rows (rows past them, a torn last row); no-op when it
+    holds exactly those."""
+    size = count * ROW.itemsize
+    if (path.stat().st_size if path.exists() else 0) != size:
+        os.truncate(path, size)
+
+
+def append_rows(path: Path, rows: np.ndarray) -> None:
+    if len(rows):
+        with open(path, "ab") as f:
+            f.write(rows.tobytes())
+
+
 def sync_columns(path: Path, entries: Sequence[IndexEntry], line_ends: Sequence[int]) -> None:
     """Make the file hold exactly one row per entry (entries as the JSON index now holds them,
     `line_ends[i]` the end of entry i's line in it): append the missing rows when the file is
@@ -105,9 +128,7 @@ def sync_columns(path: Path, entries: Sequence[IndexEntry], line_ends: Sequence[
         if n == len(entries) and path.stat().st_size == n * ROW.itemsize:
             return
         if path.exists() and path.stat().st_size == n * ROW.itemsize:
-            with open(path, "ab") as f:
-                f.write(b"".join(row_bytes(e, i)
-                                 for e, i in zip(entries[n:], line_ends[n:], strict=True)))
+            append_rows(path, rows_for(entries[n:], line_ends[n:]))
             return
     write_rows(path, rows_for(entries, line_ends))
 

@@ -75,26 +75,56 @@ def read_index(index_path: Path, data_path: Path, *, repair: bool
     extended to match (the writer's side), and so is its binary copy (`store.columns`);
     without, nothing is written (readers such as status on a live run)."""
     data_size = data_path.stat().st_size if data_path.exists() else 0
-    entries, line_ends = _load_entries(index_path)
-    kept = valid_prefix(entries, data_size)
-    if kept and not ends_a_line(data_path, entries[kept - 1].end):
-        kept = 0  # not this data file's index (the file was replaced): rebuild it all
+    index_size = _index_size(index_path)
+    behind = catch_up(index_path, data_path, index_size, data_size)
     # Stale: entries past the data, or bytes after the last entry (a torn index line).
-    stale = kept != len(entries) or _index_size(index_path) != (line_ends[-1] if line_ends else 0)
-    del entries[kept:], line_ends[kept:]
-    valid_end = entries[-1].end if entries else 0
-    skipped: list[int] = []
-    tail = list(entries_from_data(data_path, valid_end, data_size, skipped))
+    stale = behind.index_end != index_size
+    entries, line_ends, tail = behind.entries, behind.line_ends, behind.from_data
     entries.extend(tail)
     if repair:
         if stale or tail:
             if stale:
                 line_ends = _rewrite(index_path, entries)
             else:
-                line_ends.extend(_append(index_path, tail))
+                line_ends.extend(append_entries(index_path, tail))
             log.info("%s: index rebuilt for %d records", index_path.parent.name, len(tail))
         sync_columns(index_path.with_name(COLUMNS), entries, line_ends)
-    return entries, len(skipped)
+    return entries, behind.bad_lines
+
+
+@dataclass(slots=True)
+class IndexTail:
+    """An index caught up with its data from a point where the two are known to agree: the
+    index's entries from there that describe the data, and the data's records after them."""
+
+    entries: list[IndexEntry]
+    line_ends: list[int]
+    """Where each entry's line ends in the index file."""
+    index_end: int
+    """Where the kept entries end in the index file: bytes after it are stale (entries past
+    the data, a torn line)."""
+    from_data: list[IndexEntry]
+    """Records of the data file after the last kept entry, with no index line yet."""
+    bad_lines: int
+    """Complete lines of the data file after the last kept entry that are not records."""
+
+
+def catch_up(index_path: Path, data_path: Path, index_size: int, data_size: int,
+             index_start: int = 0, data_start: int = 0) -> IndexTail:
+    """The index from `index_start` (where the line of the record ending at `data_start` in
+    the data ends), as far as it describes the data's first `data_size` bytes, then what the
+    data holds after it. Writes nothing."""
+    entries, line_ends = parse_index_lines(read_span(index_path, index_start, index_size),
+                                           index_start)
+    kept = valid_prefix(entries, data_size, start=data_start)
+    if kept and not ends_a_line(data_path, entries[kept - 1].end):
+        kept = 0  # not this data file's index (the file was replaced): rebuild it all
+    del entries[kept:], line_ends[kept:]
+    skipped: list[int] = []
+    start = entries[-1].end if entries else data_start
+    tail = list(entries_from_data(data_path, start, data_size, skipped))
+    return IndexTail(entries, line_ends, line_ends[-1] if line_ends else index_start, tail,
+                     len(skipped))
 
 
 def valid_prefix(entries: list[IndexEntry], data_size: int, start: int = 0) -> int:
@@ -126,8 +156,7 @@ def in_step(columns_path: Path, index_path: Path) -> bool:
     if int(last["iend"]) != size or columns_path.stat().st_size != len(rows) * ROW.itemsize:
         return False
     start = int(rows[-2]["iend"]) if len(rows) > 1 else 0
-    with open(index_path, "rb") as f:
-        entries, _ = parse_index_lines(os.pread(f.fileno(), size - start, start), start)
+    entries, _ = parse_index_lines(read_span(index_path, start, size), start)
     return (len(entries) == 1 and entries[0].end == int(last["end"])
             and id_hash(entries[0].id) == int(last["idh"]))
 
@@ -138,6 +167,21 @@ def sync_from_index(index_path: Path) -> None:
     columns_path = index_path.with_name(COLUMNS)
     if not in_step(columns_path, index_path):
         sync_columns(columns_path, *_load_entries(index_path))
+
+
+def read_span(path: Path, start: int, stop: int) -> bytes:
+    """Bytes `start` to `stop` of the file; empty when it is missing."""
+    try:
+        with open(path, "rb") as f:
+            return os.pread(f.fileno(), max(0, stop - start), start)
+    except FileNotFoundError:
+        return b""
+
+
+def cut_index(index_path: Path, size: int) -> None:
+    """Cut the index file to its first `size` bytes (no-op when it has exactly that many)."""
+    if _index_size(index_path) != size:
+        os.truncate(index_path, size)
 
 
 def _index_size(index_path: Path) -> int:
@@ -207,7 +251,10 @@ def _line_ends(lines: list[bytes], start: int) -> list[int]:
     return ends
 
 
-def _append(index_path: Path, entries: list[IndexEntry]) -> list[int]:
+def append_entries(index_path: Path, entries: list[IndexEntry]) -> list[int]:
+    """Append the entries' lines to the index file; where each line ends in it."""
+    if not entries:
+        return []
     lines = [e.to_json() for e in entries]
     with open(index_path, "ab") as f:
         start = f.tell()

@@ -12,6 +12,7 @@ INDEX = "index.jsonl"
 COLUMNS = "index.v1.bin"
 QUARANTINE = "quarantine.jsonl"
 JOURNAL = "journal.jsonl"
+CACHE = ".cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,11 @@ class RunLayout:
     @property
     def journal(self) -> Path:
         return self.root / JOURNAL
+
+    def prompt_cache(self, dataset: str) -> Path:
+        """Where each prompt of a dataset's source is, so that a resume need not parse it
+        (see `datasets.cache`). In a hidden folder: no dataset can be named so."""
+        return self.root / CACHE / f"prompts-{dataset}.npz"
 
     def torn(self, dataset: str) -> Path:
         return self.root / dataset / TORN

@@ -1,7 +1,12 @@
 """Reading back what a run folder already holds: completed IDs, failed attempts, torn tails.
 
 The data files are the truth; no count of lines is trusted. Completed IDs come from the
-compact index beside the data, which is caught up with the data before it is used.
+compact index beside the data, which is caught up with the data before it is used. The done
+IDs, output tokens and cost are read from the index's binary copy (`store.columns`; IDs as
+64-bit `id_hash` values: a million in a few tens of ms) once what it and the JSON index lack
+after a kill (a few records, a row) is appended and what they hold past the data is cut. Only
+when the copy is missing or disagrees from its first row is the whole JSON index read and
+repaired, which rebuilds the copy for the next time.
 """
 
 from __future__ import annotations
@@ -9,15 +14,58 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import orjson
 
+from draftgen.store.columns import id_hash
+from draftgen.store.fast_index import catch_up_index, load_index_columns
 from draftgen.store.index import read_index
 from draftgen.store.layout import RunLayout
 
 log = logging.getLogger("draftgen.store")
+
+
+class DoneIds:
+    """A set of completed prompt IDs, held as their `columns.id_hash` values (sorted, unique):
+    membership of a million IDs is one numpy search, with no Python string per ID. Two IDs
+    with the same 64-bit hash would count as one (odds ~1e-8 at a million IDs)."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, hashes: np.ndarray | None = None) -> None:
+        self.hashes = np.unique(np.asarray(hashes if hashes is not None else [],
+                                           dtype=np.uint64))
+
+    @classmethod
+    def of(cls, ids: Iterable[str]) -> DoneIds:
+        return cls(np.fromiter((id_hash(i) for i in ids), dtype=np.uint64))
+
+    def mask(self, hashes: np.ndarray) -> np.ndarray:
+        """For each `id_hash` value, whether it is done."""
+        return np.isin(hashes, self.hashes)
+
+    def __or__(self, other: DoneIds) -> DoneIds:
+        return DoneIds(np.concatenate([self.hashes, other.hashes]))
+
+    def __contains__(self, prompt_id: object) -> bool:
+        return isinstance(prompt_id, str) and bool(self.mask(np.array([id_hash(prompt_id)],
+                                                                      dtype=np.uint64))[0])
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (set, frozenset)):
+            other = DoneIds.of(other)
+        return isinstance(other, DoneIds) and np.array_equal(self.hashes, other.hashes)
+
+    def __repr__(self) -> str:
+        return f"DoneIds({len(self)} IDs)"
+
 
 @dataclass
 class TornTail:
@@ -27,7 +75,7 @@ class TornTail:
 
 @dataclass
 class DatasetOnDisk:
-    done: set[str] = field(default_factory=set)
+    done: DoneIds = field(default_factory=DoneIds)
     duplicates: int = 0
     """Lines whose ID was already seen (should be 0; counted, never fatal)."""
     failed_attempts: Counter[str] = field(default_factory=Counter)
@@ -35,6 +83,8 @@ class DatasetOnDisk:
     bad_lines: int = 0
     output_tokens: int = 0
     cost: float = 0.0
+    from_columns: bool = False
+    """The done IDs were read from the binary copy (not the JSON index)."""
 
 
 def cut_torn_tail(path: Path, keep_in: Path) -> TornTail | None:
@@ -76,16 +126,50 @@ def _last_newline_end(f, size: int, block: int = 1 << 16) -> int:
 
 def completed(layout: RunLayout, dataset: str, into: DatasetOnDisk) -> None:
     """IDs, output tokens and cost of the records on disk, through the dataset's index
-    (caught up with the data first)."""
+    (caught up with the data first): from the binary copy, with only what a kill left behind
+    repaired (`catch_up_index`), else from the JSON index, repaired in full."""
+    columns = catch_up_index(layout, dataset)
+    if columns is None:
+        _completed_from_json(layout, dataset, into)
+        return
+    into.bad_lines = columns.bad_lines
+    into.from_columns = True
+    ids = columns.rows["idh"]
+    into.done.hashes, first = np.unique(ids, return_index=True)
+    into.duplicates = len(ids) - len(first)
+    first.sort()  # the first record of each ID, in file order, as the JSON path counts
+    into.output_tokens = int(columns.rows["out"][first].sum())
+    into.cost = float(columns.rows["cost"][first].sum())
+
+
+def _completed_from_json(layout: RunLayout, dataset: str, into: DatasetOnDisk) -> None:
     entries, into.bad_lines = read_index(layout.index(dataset), layout.responses(dataset),
                                          repair=True)
+    done: set[str] = set()
     for entry in entries:
-        if entry.id in into.done:
+        if entry.id in done:
             into.duplicates += 1
             continue
-        into.done.add(entry.id)
+        done.add(entry.id)
         into.output_tokens += entry.out
         into.cost += entry.cost
+    into.done = DoneIds.of(done)
+
+
+def done_elsewhere(folders: Iterable[Path], dataset: str) -> DoneIds:
+    """The IDs answered in other run folders of the same run (other shards, the unsharded
+    root). Read-only: nothing there is repaired or locked, and a tail being written (or torn)
+    right now is left out."""
+    found: list[np.ndarray] = []
+    for folder in folders:
+        try:
+            columns = load_index_columns(RunLayout(folder), dataset)
+        except (OSError, ValueError) as e:
+            log.warning("%s: cannot read its answers of %s (%s); not counted as done",
+                        folder, dataset, e)
+            continue
+        found.append(columns.rows["idh"])
+    return DoneIds(np.concatenate(found) if found else None)
 
 
 def failed_attempts(path: Path, into: DatasetOnDisk) -> None:

@@ -1,0 +1,475 @@
+"""One budget for all the shards of a run: each shard holds a lease on a shared pool.
+
+The pool holds the run's totals (`budget.usd`; `max_output_tokens` of each dataset) and, per
+shard, what the shard holds of each: its spend so far plus a slice it may still spend. A
+shard's local `Ledger` enforces what it holds exactly as an unsharded run enforces the whole
+budget (reserve the worst case, settle on arrival), so the shards together never commit more
+than the run's totals: `Σ held ≤ total`, and each shard's `spent + reserved ≤ held`.
+
+- **Taking more.** When an admission fails for want of lease, the shard asks the pool for a
+  slice: at least what the request needs, as much as its backends' concurrency's worth of
+  worst-case requests, never more than a fair share (what is left over the live shards) unless
+  the need is bigger. A request that does not fit in what is left is denied; the shard then
+  gives back the unspent part of its lease (it cannot use it) so that others can combine it.
+- **Waiting rather than stopping.** A denied shard with nothing in flight is *waiting*. It
+  stops for budget only when no other live shard may still give budget back (every other live
+  lease is waiting, finished or dead); otherwise it asks again every `POLL_S`. So the run ends
+  with less than one worst-case request of budget unspent (the last denial), however unevenly
+  the shards finish: see docs/scaling.md for the bound.
+- **Giving back.** A shard that finishes, stops or is stopped by the budget gives back what it
+  did not spend.
+- **Dead shards.** Each shard beats every `HEARTBEAT_S`; a lease not heard of for `STALE_S`
+  counts as dead: nobody waits for it, and what it held beyond its stored spend (its last
+  slice, and the worst case of the requests it had in flight) stays held until that shard runs
+  again. A restarted shard re-adopts its lease (keyed by its folder name) and reconciles it
+  with the spend it finds on disk, which gives the rest back. So a shard killed and never
+  restarted strands at most one slice; running it again (even with nothing left to answer)
+  reclaims it.
+
+Two pools implement `BudgetPool`: `FilePool`, a JSON file in the run folder under an fcntl lock
+(shards on one machine, or on a shared filesystem whose locks work), used by `--shard` runs;
+and a Ray actor for `--ray` (draftgen.scale.ray_run). Both apply the same `PoolState` methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import functools
+import logging
+import math
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pydantic
+
+from draftgen.budget import Ledger
+from draftgen.config import RunConfig
+from draftgen.scale.shards import ShardSpec, shard_of_folder
+from draftgen.store import RunLayout, StoreError
+from draftgen.store.fast_index import load_index_columns
+
+log = logging.getLogger("draftgen")
+
+T = TypeVar("T")
+
+USD = "usd"
+POOL_FILE = "budget_pool.json"
+POOL_LOCK = "budget_pool.lock"
+HEARTBEAT_S = 5.0
+STALE_S = 30.0
+"""A lease not heard of for this long is dead: nobody waits for it to give budget back."""
+POLL_S = 0.5
+"""How often a waiting shard asks the pool again."""
+NEED_MARGIN = 1e-9
+"""Relative margin on what a request needs, so that float rounding between the pool's sums and
+the ledger's cannot deny a request that the grant was meant to cover."""
+
+
+def tokens_key(dataset: str) -> str:
+    return f"tokens:{dataset}"
+
+
+class PoolError(StoreError):
+    """The budget pool is unreadable or was asked something it cannot answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    held: float
+    """What the shard now holds of the resource (its spend included)."""
+    granted: bool
+    """The shard may commit `need` more."""
+    others_busy: bool
+    """Another live shard may still give some back: wait and ask again instead of stopping."""
+
+
+class LeaseRecord(pydantic.BaseModel):
+    held: dict[str, float] = {}
+    waiting: set[str] = set()
+    """Resources this shard was denied while it had nothing of them in flight."""
+    seen_at: float = 0.0
+    done: bool = False
+    takes: int = 0
+    """How often this shard asked for more (all sessions): a sign of slices too small."""
+
+    def live(self, now: float) -> bool:
+        return not self.done and now - self.seen_at <= STALE_S
+
+
+class PoolState(pydantic.BaseModel):
+    """The pool's whole state; every method is one atomic step (under the file lock, or in
+    the actor)."""
+
+    totals: dict[str, float] = {}
+    leases: dict[str, LeaseRecord] = {}
+
+    def adopt(self, shard: str, totals: dict[str, float], spent: dict[str, float],
+              elsewhere: dict[str, dict[str, float]] | None = None, *, now: float
+              ) -> dict[str, float]:
+        """A shard starts (or restarts): it holds what it has spent; a slice left from an
+        earlier, killed session goes back to the pool. The totals are the config's (a run
+        restarted with a new budget takes it). `elsewhere`: what the run's other folders
+        (other shards, the unsharded root) hold on disk, so that spend from before this pool
+        existed, or that it never saw, counts too."""
+        self.totals = dict(totals)
+        for name, on_disk in (elsewhere or {}).items():
+            known = self.leases.setdefault(name, LeaseRecord(done=True, seen_at=now))
+            for r in totals:
+                known.held[r] = max(known.held.get(r, 0.0), on_disk.get(r, 0.0))
+        earlier = self.leases.get(shard)
+        lease = LeaseRecord(held={r: spent.get(r, 0.0) for r in totals}, seen_at=now,
+                            takes=earlier.takes if earlier else 0)
+        self.leases[shard] = lease
+        return dict(lease.held)
+
+    def take(self, shard: str, resource: str, committed: float, need: float, want: float,
+             settling: bool, *, now: float) -> Take:
+        lease = self._lease(shard, resource)
+        lease.seen_at, lease.done = now, False
+        lease.takes += 1
+        others = sum(other.held.get(resource, 0.0) for name, other in self.leases.items()
+                     if name != shard)
+        available = self.totals[resource] - others - committed
+        if available < need:
+            lease.held[resource] = committed  # the unspent part is of no use to this shard
+            if settling:
+                lease.waiting.discard(resource)
+            else:
+                lease.waiting.add(resource)
+            return Take(committed, False, self._others_busy(shard, resource, now))
+        live = sum(other.live(now) for other in self.leases.values())
+        idle = max(0.0, lease.held.get(resource, 0.0) - committed)  # never taken away here
+        grant = max(idle, min(available, max(need, min(want, available / max(1, live)))))
+        if resource != USD:
+            grant = math.floor(grant)  # whole tokens (`need` is whole: still >= need)
+        lease.held[resource] = committed + grant
+        lease.waiting.discard(resource)
+        return Take(lease.held[resource], True, self._others_busy(shard, resource, now))
+
+    def heartbeat(self, shard: str, *, now: float) -> None:
+        if shard in self.leases:
+            self.leases[shard].seen_at = now
+
+    def release(self, shard: str, committed: dict[str, float], *, now: float) -> None:
+        """The shard ends: it holds what it spent (or still counts as spent), no more."""
+        lease = self.leases.get(shard)
+        if lease is None:
+            return
+        lease.held.update({r: committed.get(r, 0.0) for r in self.totals})
+        lease.waiting.clear()
+        lease.done, lease.seen_at = True, now
+
+    def free(self, resource: str) -> float:
+        return self.totals[resource] - sum(x.held.get(resource, 0.0)
+                                           for x in self.leases.values())
+
+    def snapshot(self, *, now: float) -> PoolState:
+        return self.model_copy(deep=True)
+
+    def _lease(self, shard: str, resource: str) -> LeaseRecord:
+        if resource not in self.totals:
+            raise PoolError(f"budget pool: no shared budget {resource!r}")
+        if shard not in self.leases:
+            raise PoolError(f"budget pool: shard {shard} holds no lease (it never started)")
+        return self.leases[shard]
+
+    def _others_busy(self, shard: str, resource: str, now: float) -> bool:
+        return any(lease.live(now) and resource not in lease.waiting
+                   for name, lease in self.leases.items() if name != shard)
+
+
+PoolOp = Callable[..., T]
+
+
+class BudgetPool(ABC):
+    """Where the shards of a run take and give back budget. Implementations only say how a
+    `PoolState` method is applied atomically."""
+
+    @abstractmethod
+    async def apply(self, op: PoolOp[T]) -> T:
+        """Run `op(state, now=...)` on the pool's state as one atomic step."""
+
+    async def adopt(self, shard: str, totals: dict[str, float], spent: dict[str, float],
+                    elsewhere: dict[str, dict[str, float]] | None = None) -> dict[str, float]:
+        return await self.apply(functools.partial(PoolState.adopt, shard=shard, totals=totals,
+                                                  spent=spent, elsewhere=elsewhere))
+
+    async def take(self, shard: str, resource: str, *, committed: float, need: float,
+                   want: float, settling: bool) -> Take:
+        return await self.apply(functools.partial(
+            PoolState.take, shard=shard, resource=resource, committed=committed, need=need,
+            want=want, settling=settling))
+
+    async def heartbeat(self, shard: str) -> None:
+        await self.apply(functools.partial(PoolState.heartbeat, shard=shard))
+
+    async def release(self, shard: str, committed: dict[str, float]) -> None:
+        await self.apply(functools.partial(PoolState.release, shard=shard,
+                                           committed=committed))
+
+    async def snapshot(self) -> PoolState:
+        return await self.apply(PoolState.snapshot)
+
+
+class FilePool(BudgetPool):
+    """`<output_dir>/budget_pool.json`, read and atomically rewritten under an fcntl lock on
+    `budget_pool.lock`: for shard processes on one machine, or on a shared filesystem whose
+    locks work (NFSv4, Lustre with flock; not every FUSE filesystem)."""
+
+    def __init__(self, run_root: Path) -> None:
+        self.path = Path(run_root) / POOL_FILE
+        self.lock_path = Path(run_root) / POOL_LOCK
+
+    async def apply(self, op: PoolOp[T]) -> T:
+        return await asyncio.to_thread(self.apply_now, op)
+
+    def apply_now(self, op: PoolOp[T]) -> T:
+        with self._locked():
+            state = self.read()
+            result = op(state, now=time.time())
+            self._write(state)
+        return result
+
+    def read(self) -> PoolState:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return PoolState()
+        except OSError as e:
+            raise PoolError(f"{self.path}: cannot read the budget pool: {e.strerror}") from None
+        try:
+            return PoolState.model_validate_json(data)
+        except pydantic.ValidationError as e:
+            raise PoolError(f"{self.path}: not a budget pool ({e.error_count()} errors, first: "
+                            f"{_first_error(e)}); remove it only when no shard is running"
+                            ) from None
+
+    def _write(self, state: PoolState) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(state.model_dump_json(indent=1).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            raise PoolError(f"{self.path}: cannot write the budget pool: {e.strerror}") from None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise PoolError(f"{self.lock_path}: cannot open: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+
+def _first_error(e: pydantic.ValidationError) -> str:
+    first = e.errors()[0]
+    where = ".".join(str(x) for x in first["loc"]) or "(top)"
+    return f"{where}: {first['msg']}"
+
+
+# ---- a shard's side ---------------------------------------------------------------------
+
+
+def run_totals(cfg: RunConfig) -> dict[str, float]:
+    """The budgets a sharded run shares: dollars, and output tokens of each dataset that has
+    a limit."""
+    totals: dict[str, float] = {}
+    if cfg.budget.usd is not None:
+        totals[USD] = cfg.budget.usd
+    for ds in cfg.datasets:
+        if ds.max_output_tokens is not None:
+            totals[tokens_key(ds.name)] = ds.max_output_tokens
+    return totals
+
+
+class ShardLease:
+    """One shard's lease: keeps the shard's `Ledger` limits equal to what it holds in the
+    pool, and takes more when the ledger runs short."""
+
+    def __init__(self, pool: BudgetPool, shard: ShardSpec, ledger: Ledger,
+                 totals: dict[str, float], concurrency: int) -> None:
+        self.pool = pool
+        self.shard = shard
+        self.ledger = ledger
+        self.totals = totals
+        self.concurrency = concurrency
+        self._others_busy: dict[str, bool] = {}
+        self._ask_after: dict[str, float] = {}
+        self._beat: asyncio.Task[None] | None = None
+        self.adopted = False
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, shard: ShardSpec | None, ledger: Ledger,
+                pool: BudgetPool | None = None) -> ShardLease | None:
+        """The lease of a sharded run with a shared budget (the file pool in the run folder
+        unless another is given); None for an unsharded run or one without budgets. A
+        shard's spend rate is `budget.usd_per_minute / N`."""
+        if shard is None:
+            return None
+        if ledger.usd_per_minute:
+            ledger.set_rate(ledger.usd_per_minute / shard.count)
+        totals = run_totals(cfg)
+        if not totals:
+            return None
+        concurrency = sum(b.concurrency for b in cfg.backends)
+        return cls(pool or FilePool(Path(cfg.output_dir)), shard, ledger, totals, concurrency)
+
+    @property
+    def name(self) -> str:
+        return self.shard.folder_name
+
+    # ---- start and end ------------------------------------------------------------------
+
+    async def adopt(self, other_folders: list[Path]) -> None:
+        """Take (or re-take) this shard's lease, from the spend the ledger found on disk; the
+        spend in the run's other folders is reported too (read-only)."""
+        elsewhere = await asyncio.to_thread(
+            lambda: {_pool_name(f): spend_in_folder(f, self.totals) for f in other_folders})
+        held = await self.pool.adopt(self.name, self.totals, self._committed(), elsewhere)
+        self._apply(held)
+        self.adopted = True
+        self._beat = asyncio.create_task(self._heartbeats())
+
+    async def release(self) -> None:
+        """Give back what was not spent. A failure is logged: the slice stays held until this
+        shard runs again."""
+        if not self.adopted:
+            return
+        if self._beat is not None:
+            self._beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beat
+        try:
+            await self.pool.release(self.name, self._committed())
+        except Exception as e:  # the pool gone or unwritable: the run's outcome still counts
+            log.error("shard %s: could not give back its unspent budget (%s); it stays held "
+                      "until this shard runs again", self.shard, e)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self.pool.heartbeat(self.name)
+            except Exception as e:
+                log.warning("shard %s: budget pool heartbeat failed: %s", self.shard, e)
+
+    # ---- taking more ---------------------------------------------------------------------
+
+    async def more_usd(self, worst: float, settling: bool) -> bool:
+        """Ask for enough to admit a request of this worst case; True when granted."""
+        if USD not in self.totals:
+            return False
+        need = worst * (1 + NEED_MARGIN)
+        take = await self._take(USD, self.ledger.committed_usd(), need,
+                                self.concurrency * worst, settling)
+        if take is not None:
+            self.ledger.usd = take.held
+        return take is not None and take.granted
+
+    async def more_tokens(self, dataset: str, max_tokens: int) -> None:
+        """Top the dataset's token lease up towards a full request and the concurrency's worth
+        of them (a lease that cannot fit `max_tokens` would cut answers short). At most once
+        per `POLL_S` while the pool cannot give a full request, except just before the
+        dataset would be closed for budget: that decision is taken on the pool's latest word."""
+        key = tokens_key(dataset)
+        if key not in self.totals:
+            return
+        closing = self.ledger.token_budget_done(dataset) and not self.others_busy(key)
+        if time.monotonic() < self._ask_after.get(key, 0.0) and not closing:
+            return
+        budget = self.ledger.datasets[dataset]
+        useful = min(max_tokens, self.ledger.min_request_tokens)
+        take = await self._take(key, self.ledger.committed_tokens(dataset), useful,
+                                self.concurrency * max_tokens, budget.in_flight > 0)
+        if take is not None:
+            self.ledger.set_token_limit(dataset, int(take.held))
+        if (budget.tokens_left() or 0) < max_tokens:
+            self._ask_after[key] = time.monotonic() + POLL_S
+
+    def others_busy(self, resource: str) -> bool:
+        """At the pool's last answer, another live shard might still give budget back."""
+        return self._others_busy.get(resource, False)
+
+    async def _take(self, resource: str, committed: float, need: float, want: float,
+                    settling: bool) -> Take | None:
+        try:
+            take = await self.pool.take(self.name, resource, committed=committed, need=need,
+                                        want=max(need, want), settling=settling)
+        except Exception as e:  # spend nothing beyond the lease without the pool's word
+            log.error("shard %s: budget pool unavailable (%s): no more %s for this shard",
+                      self.shard, e, resource)
+            self._others_busy[resource] = False
+            return None
+        self._others_busy[resource] = take.others_busy
+        return take
+
+    # ---- the ledger ------------------------------------------------------------------------
+
+    def _committed(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for resource in self.totals:
+            if resource == USD:
+                out[resource] = self.ledger.committed_usd()
+            else:
+                out[resource] = self.ledger.committed_tokens(resource.removeprefix("tokens:"))
+        return out
+
+    def _apply(self, held: dict[str, float]) -> None:
+        for resource, amount in held.items():
+            if resource == USD:
+                self.ledger.usd = amount
+            else:
+                self.ledger.set_token_limit(resource.removeprefix("tokens:"), int(amount))
+
+
+def spend_in_folder(folder: Path, totals: dict[str, float]) -> dict[str, float]:
+    """What a run folder's stored answers spent of each shared budget. Read-only: another
+    shard may be writing there now; an unreadable dataset counts as nothing (with a warning)."""
+    layout = RunLayout(folder)
+    spent = dict.fromkeys(totals, 0.0)
+    for dataset in layout.dataset_names():
+        try:
+            rows = load_index_columns(layout, dataset).rows
+        except (OSError, ValueError) as e:
+            log.warning("%s: cannot read the spend of %s (%s); not counted", folder, dataset, e)
+            continue
+        if USD in spent:
+            spent[USD] += float(rows["cost"].sum())
+        if tokens_key(dataset) in spent:
+            spent[tokens_key(dataset)] += float(rows["out"].sum())
+    return spent
+
+
+def _pool_name(folder: Path) -> str:
+    """A run folder's name in the pool: its shard folder name, or "root"."""
+    return folder.name if shard_of_folder(folder) else "root"
+
+
+def describe_pool(state: PoolState) -> list[str]:
+    """One line per shared budget: held by the shards (spent, or granted and unspent) and
+    free; for the end-of-run summary."""
+    lines = []
+    for resource, total in state.totals.items():
+        free = state.free(resource)
+        if resource == USD:
+            lines.append(f"budget.usd: ${total - free:.4f} of ${total:.4f} held by shards, "
+                         f"${free:.4f} free")
+        else:
+            lines.append(f"{resource}: {total - free:,.0f} of {total:,.0f} held by shards, "
+                         f"{free:,.0f} free")
+    return lines
