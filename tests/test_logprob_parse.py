@@ -1,5 +1,6 @@
 """Logprobs as columns (`LogprobTokens`), and the request without `top_logprobs`: the same
-IDs, labels and records as one `LogprobToken` per entry and `top_logprobs: 1` gave."""
+IDs, labels and records as one `LogprobToken` per entry and `top_logprobs: 1` gave; and whole
+runs with the typed decoding (`backends/wire.py`) store what the generic reading stored."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import aiohttp
 import orjson
 import pytest
 
-from draftgen.backends import make_backend
+from draftgen.backends import make_backend, openai_chat
+from draftgen.backends.base import parse_json_body
 from draftgen.backends.openai_chat import StreamAccumulator, answer_from_json
 from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
 from draftgen.formats import get_format
@@ -181,6 +183,14 @@ def test_rebuilt_ids_and_labels_equal_from_columns_and_from_entries(
         assert "ids_from_logprobs" in got.flags
 
 
+VOLATILE = {"request_id", "created_at", "latency_s", "started_at", "finished_at"}
+
+
+def _stable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k not in VOLATILE}
+            for r in sorted(records, key=lambda r: r["id"])]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_records_equal_with_and_without_top_logprobs(
@@ -197,9 +207,35 @@ def test_records_equal_with_and_without_top_logprobs(
             assert run_config(cfg).status == "completed"
             runs[name] = sorted(read_records(tmp_path / name / "run", "mixed"),
                                 key=lambda r: r["id"])
-    volatile = {"request_id", "created_at", "latency_s", "started_at", "finished_at"}
-    before, after = ([{k: v for k, v in r.items() if k not in volatile} for r in rs]
-                     for rs in (runs["before"], runs["after"]))
+    before, after = _stable(runs["before"]), _stable(runs["after"])
     assert len(before) == len(after) == 60
     assert before == after
     assert all("ids_from_logprobs" in r["flags"] for r in after)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("logprobs", [True, False])
+@pytest.mark.parametrize("stream", [False, True])
+def test_records_equal_with_typed_and_generic_decoding(
+        tmp_path: Path, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, stream: bool,
+        logprobs: bool) -> None:
+    """Whole runs: answers read through the `wire` types (what `send` does) and through the
+    generic reading (orjson and dict lookups, as before); records equal."""
+    data = write_jsonl(tmp_path / "data" / "mixed.jsonl", mixed_rows(40))
+    runs: dict[str, list[dict[str, Any]]] = {}
+    with TestServer(mode="openrouter", noncanonical_rate=0.3, prices=(0.5, 2.5)) as server:
+        for name in ("typed", "generic"):
+            if name == "generic":
+                monkeypatch.setattr(openai_chat, "answer_from_body", lambda raw, headers:
+                                    answer_from_json(parse_json_body(raw), headers))
+                monkeypatch.setattr(openai_chat, "TypedStreamAccumulator", StreamAccumulator)
+            cfg = write_config(tmp_path / name, qwen3_dir, backends=[
+                fast_backend("or", "openrouter", server.url + "/api/v1", concurrency=16,
+                             stream=stream, logprobs=logprobs)],
+                datasets=[{"name": "mixed", "path": str(data)}])
+            assert run_config(cfg).status == "completed"
+            runs[name] = _stable(read_records(tmp_path / name / "run", "mixed"))
+    assert len(runs["typed"]) == 40
+    assert runs["typed"] == runs["generic"]
+    assert all(("ids_from_logprobs" in r["flags"]) == logprobs for r in runs["typed"])
+    assert any(r["tool_calls"] for r in runs["typed"])

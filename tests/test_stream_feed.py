@@ -1,11 +1,14 @@
-"""StreamAccumulator.feed: SSE bytes cut anywhere give the same answer as whole lines."""
+"""StreamAccumulator.feed: SSE bytes cut anywhere give the same answer as whole lines, with the
+generic reading of each event and with the typed one (`TypedStreamAccumulator`)."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from draftgen.backends.openai_chat import StreamAccumulator
+from draftgen.backends.openai_chat import StreamAccumulator, TypedStreamAccumulator
+
+READINGS = pytest.mark.parametrize("cls", [StreamAccumulator, TypedStreamAccumulator])
 
 
 def _sse(final_newline: bool = True) -> bytes:
@@ -23,20 +26,21 @@ def _sse(final_newline: bool = True) -> bytes:
     return b"".join(events)
 
 
-def _by_lines(stream: bytes) -> StreamAccumulator:
-    acc = StreamAccumulator()
+def _by_lines(stream: bytes, cls: type[StreamAccumulator]) -> StreamAccumulator:
+    acc = cls()
     for line in stream.split(b"\n"):
         if acc.feed_line(line):
             break
     return acc
 
 
+@READINGS
 @pytest.mark.parametrize("final_newline", [True, False])
-def test_feed_any_split_matches_lines(final_newline: bool) -> None:
+def test_feed_any_split_matches_lines(final_newline: bool, cls: type[StreamAccumulator]) -> None:
     stream = _sse(final_newline)
-    want = _by_lines(stream).finish()
+    want = _by_lines(stream, cls).finish()
     for size in [1, 2, 3, 7, 64, len(stream)]:
-        acc = StreamAccumulator()
+        acc = cls()
         done = False
         for i in range(0, len(stream), size):
             if acc.feed(stream[i : i + size]):
@@ -50,9 +54,10 @@ def test_feed_any_split_matches_lines(final_newline: bool) -> None:
         assert got.content == "Hello, wörld" and got.reasoning == "Let me think a bit."
 
 
-def test_feed_end_without_done_is_incomplete() -> None:
+@READINGS
+def test_feed_end_without_done_is_incomplete(cls: type[StreamAccumulator]) -> None:
     stream = _sse().split(b"data: [DONE]")[0]
-    acc = StreamAccumulator()
+    acc = cls()
     assert acc.feed(stream) is False
     assert acc.feed_end() is False
     with pytest.raises(Exception, match="before \\[DONE\\]"):

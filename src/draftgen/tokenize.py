@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from draftgen.types import LogprobToken
+from draftgen.types import LogprobToken, LogprobTokens
 
 
 class TokenizerError(Exception):
@@ -266,11 +266,17 @@ def logprob_token_id(tokenizer: Tokenizer, entry: LogprobToken) -> int | None:
     the endpoint gave no bytes) through the tokenizer's inverted byte table."""
     if entry.id is not None:
         return entry.id
-    m = _TOKEN_ID_FORM.match(entry.token)
+    return _unreported_id(tokenizer.bytes_to_id(), entry.token, entry.bytes)
+
+
+def _unreported_id(table: Mapping[bytes, int], token: str, raw: bytes | list[int] | None
+                   ) -> int | None:
+    """The ID of an entry without `id`: vLLM's `token_id:N` spelling, else the entry's bytes
+    (its text when it has none) through the inverted byte table."""
+    m = _TOKEN_ID_FORM.match(token)
     if m:
         return int(m[1])
-    raw = bytes(entry.bytes) if entry.bytes is not None else entry.token.encode("utf-8")
-    return tokenizer.bytes_to_id().get(raw)
+    return table.get(bytes(raw) if raw is not None else token.encode("utf-8"))
 
 
 def ids_from_logprobs(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
@@ -283,25 +289,38 @@ def ids_from_logprobs(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
     entry stands for several IDs: the split of its extra bytes into vocabulary tokens, each
     leaving the text cut inside a character (else the server would have sent it). When a split
     is not unique, the engine's token count (`completion_tokens`) must single out one
-    combination over the whole answer; otherwise None."""
-    ids: list[int] = []
-    options: list[list[list[int]]] = []
-    text = b""
-    for entry in entries:
-        tid = logprob_token_id(tokenizer, entry)
+    combination over the whole answer; otherwise None.
+
+    Reads the entries' columns (`LogprobTokens`; any other sequence is copied into columns):
+    in the worker threads, once per answer token, an object per entry cost more than the
+    lookups themselves."""
+    columns = entries if isinstance(entries, LogprobTokens) else LogprobTokens.of(entries)
+    ids = _entry_ids(tokenizer, columns)
+    if ids is None:
+        return None
+    merged = _merged_entries(tokenizer, columns)
+    if merged is None:
+        return None
+    if not merged:
+        return ids
+    options = [merged.get(i) or [[tid]] for i, tid in enumerate(ids)]
+    if all(len(o) == 1 for o in options):
+        return [t for o in options for t in o[0]]
+    return _unique_total(options, completion_tokens)
+
+
+def _entry_ids(tokenizer: Tokenizer, columns: LogprobTokens) -> list[int] | None:
+    """Each entry's own ID (see `logprob_token_id`); None when one maps to none."""
+    if None not in columns.ids:  # every endpoint that reports IDs reports them all
+        return list(columns.ids)  # type: ignore[arg-type]  # no None in it
+    table = tokenizer.bytes_to_id()
+    out: list[int] = []
+    for reported, token, raw in zip(columns.ids, columns.tokens, columns.bytes, strict=True):
+        tid = reported if reported is not None else _unreported_id(table, token, raw)
         if tid is None:
             return None
-        splits = _merged_splits(tokenizer, entry, tid, text)
-        if splits is None:
-            return None
-        options.append(splits)
-        if entry.bytes is not None:
-            text = (text + bytes(entry.bytes))[-3:]
-    if all(len(o) == 1 for o in options):
-        for o in options:
-            ids.extend(o[0])
-        return ids
-    return _unique_total(options, completion_tokens)
+        out.append(tid)
+    return out
 
 
 _MAX_SPLITS = 64
@@ -318,19 +337,50 @@ def _cut_inside_char(text: bytes) -> bool:
     return False
 
 
-def _merged_splits(tokenizer: Tokenizer, entry: LogprobToken, tid: int, before: bytes
-                   ) -> list[list[int]] | None:
-    """The ID sequences an entry can stand for: [[tid]] unless its bytes are longer than the
-    token's and end with them (held-back tokens before it; see `ids_from_logprobs`). None when
-    its extra bytes split no way, or too many ways to list."""
-    if entry.id is None or entry.bytes is None:
-        return [[tid]]
+def _merged_entries(tokenizer: Tokenizer, columns: LogprobTokens
+                    ) -> dict[int, list[list[int]]] | None:
+    """The entries that stand for several IDs (position → the ID sequences each can stand
+    for): those with a reported `id` whose bytes are longer than that token's and end with
+    them (held-back tokens before it; see `ids_from_logprobs`). None when one's extra bytes
+    split no way, or too many ways to list."""
+    own_bytes = tokenizer.id_to_bytes
+    out: dict[int, list[list[int]]] = {}
+    for i, (tid, raw) in enumerate(zip(columns.ids, columns.bytes, strict=True)):
+        if tid is None or raw is None:
+            continue
+        own = own_bytes(tid)
+        if own is None or len(raw) <= len(own):
+            continue
+        raw = bytes(raw)
+        if not raw.endswith(own):
+            continue
+        splits = _held_back_splits(tokenizer, raw[: -len(own)], tid,
+                                   _tail_before(columns.bytes, i))
+        if splits is None:
+            return None
+        out[i] = splits
+    return out
+
+
+def _tail_before(column: list[bytes | list[int] | None], index: int) -> bytes:
+    """The last 3 bytes (at most) of the entries before `index` (entries without bytes add
+    none): what a held-back token's check needs of the text before it."""
+    tail = b""
+    for i in range(index - 1, -1, -1):
+        raw = column[i]
+        if raw is not None:
+            tail = bytes(raw) + tail
+            if len(tail) >= 3:
+                break
+    return tail[-3:]
+
+
+def _held_back_splits(tokenizer: Tokenizer, prefix: bytes, tid: int, before: bytes
+                      ) -> list[list[int]] | None:
+    """The ID sequences an entry with extra bytes `prefix` before its token `tid` can stand
+    for: splits of `prefix` into vocabulary tokens, each leaving the text (after `before`) cut
+    inside a character, then `tid`. None when it splits no way, or too many ways to list."""
     table = tokenizer.bytes_to_id()
-    own = tokenizer.id_to_bytes(tid)
-    raw = bytes(entry.bytes)
-    if own is None or raw == own or len(raw) <= len(own) or not raw.endswith(own):
-        return [[tid]]
-    prefix = raw[: -len(own)]
     found: list[list[int]] = []
 
     def walk(pos: int, acc: list[int]) -> bool:

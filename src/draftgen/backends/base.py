@@ -91,14 +91,20 @@ class Backend(ABC):
     async def post_json(self, url: str, body: Mapping[str, Any]) -> tuple[Any, Mapping[str, str]]:
         """POST a JSON body, return the parsed JSON answer and its headers; map every failure
         (HTTP status, error body, transport) to BackendError."""
+        raw, headers = await self.post_bytes(url, body)
+        return parse_json_body(raw), headers
+
+    async def post_bytes(self, url: str, body: Mapping[str, Any]
+                         ) -> tuple[bytes, Mapping[str, str]]:
+        """POST a JSON body, return the answer's bytes and headers (for a backend that decodes
+        them itself); map HTTP statuses and transport failures to BackendError."""
         try:
             async with self.session.post(url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise error_from_http(resp.status, raw, resp.headers)
-                data = parse_json_body(raw)
-                return data, resp.headers
+                return raw, resp.headers
         except BackendError:
             raise
         except Exception as e:

@@ -1,0 +1,318 @@
+"""Typed decoding of chat answers (`backends/wire.py`): `answer_from_body` and
+`TypedStreamAccumulator` give what the generic reading (`answer_from_json`, `StreamAccumulator`)
+gives, answers and errors alike, on the test server's answers in every shape it sends and on
+bodies the types do not describe; and the IDs from the logprob columns are the engine's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from draftgen.backends import wire
+from draftgen.backends.base import parse_json_body
+from draftgen.backends.openai_chat import (
+    StreamAccumulator,
+    TypedStreamAccumulator,
+    answer_from_body,
+    answer_from_json,
+)
+from draftgen.testing.server import TestServer
+from draftgen.tokenize import Tokenizer, ids_from_logprobs
+from draftgen.types import BackendError, LogprobTokens
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+QUESTIONS: list[tuple[str, list[Any] | None]] = [
+    ("explain binary search, café 東京 🙂", None),
+    ("What is the weather in Paris?", [WEATHER_TOOL]),
+]
+SHAPES: dict[str, dict[str, Any]] = {
+    "openrouter": {"mode": "openrouter", "prices": (0.5, 2.5), "noncanonical_rate": 0.3},
+    "reasoning_content": {"mode": "openrouter", "reasoning_field": "reasoning_content"},
+    "both_fields": {"mode": "openrouter", "reasoning_field": "both"},
+    "reasoning_details": {"mode": "openrouter", "reasoning_field": "reasoning_details"},
+    "hidden_reasoning": {"mode": "openrouter", "reasoning_field": "none"},
+    "vllm": {"mode": "vllm", "noncanonical_rate": 0.3},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def server(request: pytest.FixtureRequest) -> Iterator[TestServer]:
+    with TestServer(**SHAPES[request.param]) as s:
+        yield s
+
+
+def _fetch(server: TestServer, question: str, tools: list[Any] | None, **extra: Any) -> bytes:
+    body: dict[str, Any] = {"model": "test/qwen3",
+                            "messages": [{"role": "user", "content": question}],
+                            "usage": {"include": True}, "return_token_ids": True, **extra}
+    if tools:
+        body["tools"] = tools
+
+    async def post() -> bytes:
+        async with aiohttp.ClientSession() as session, session.post(
+                f"{server.url}/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            return await resp.read()
+
+    return asyncio.run(post())
+
+
+def _outcome(read: Callable[[], Any]) -> tuple[Any, ...]:
+    """What reading a body gave: the answer, or the error with everything it carries."""
+    try:
+        return ("answer", read())
+    except BackendError as e:
+        return ("error", e.kind, e.message, e.retryable, e.status, e.usage,
+                e.permanent_for_backend)
+    except Exception as e:  # a body the generic reading cannot handle either: the same failure
+        return ("crash", type(e).__name__, str(e))
+
+
+def _generic(raw: bytes) -> tuple[Any, ...]:
+    return _outcome(lambda: answer_from_json(parse_json_body(raw), {}))
+
+
+def _typed(raw: bytes) -> tuple[Any, ...]:
+    return _outcome(lambda: answer_from_body(raw, {}))
+
+
+def _streamed(cls: type[StreamAccumulator], stream: bytes) -> tuple[Any, ...]:
+    def read() -> Any:
+        acc = cls()
+        if not acc.feed(stream):
+            acc.feed_end()
+        return acc.finish()
+
+    return _outcome(read)
+
+
+def _events(stream: bytes) -> list[bytes]:
+    return [line[len(b"data:"):].strip() for line in stream.splitlines()
+            if line.startswith(b"data:") and not line.endswith(b"[DONE]")]
+
+
+# ---- the test server's answers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+@pytest.mark.parametrize(("question", "tools"), QUESTIONS)
+def test_whole_answers_read_alike(server: TestServer, question: str, tools: list[Any] | None,
+                                  logprobs: bool) -> None:
+    raw = _fetch(server, question, tools, logprobs=logprobs)
+    decoded = wire.decode_completion(raw)
+    assert decoded is not None and not decoded.error  # the typed reading, not the fallback
+    typed, generic = _typed(raw), _generic(raw)
+    assert typed[0] == "answer" and typed == generic
+    answer = typed[1]
+    assert isinstance(answer.logprobs, LogprobTokens) == logprobs
+    if logprobs:
+        assert len(answer.logprobs) > 0
+        assert all(isinstance(b, bytes) for b in answer.logprobs.bytes)
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+@pytest.mark.parametrize(("question", "tools"), QUESTIONS)
+def test_streams_read_alike(server: TestServer, question: str, tools: list[Any] | None,
+                            logprobs: bool) -> None:
+    stream = _fetch(server, question, tools, logprobs=logprobs, stream=True,
+                    stream_options={"include_usage": True})
+    events = _events(stream)
+    assert events and all(
+        (c := wire.decode_completion(e)) is not None and not c.error for e in events)
+    typed = _streamed(TypedStreamAccumulator, stream)
+    assert typed[0] == "answer" and typed == _streamed(StreamAccumulator, stream)
+    if tools:
+        assert typed[1].tool_calls
+
+
+def test_logprob_columns_give_the_engine_ids(qwen3_tok: Tokenizer) -> None:
+    """vLLM's own `token_ids` against the IDs recovered from the logprob columns, with the
+    entries' `id` and without (bytes through the inverted byte table)."""
+    with TestServer(mode="vllm", noncanonical_rate=0.5) as server:
+        for question, tools in QUESTIONS:
+            answer = answer_from_body(_fetch(server, question, tools, logprobs=True), {})
+            assert isinstance(answer.logprobs, LogprobTokens) and answer.output_ids
+            n = answer.usage.completion_tokens
+            assert ids_from_logprobs(qwen3_tok, answer.logprobs, n) == answer.output_ids
+            answer.logprobs.ids[:] = [None] * len(answer.logprobs)
+            assert ids_from_logprobs(qwen3_tok, answer.logprobs, n) == answer.output_ids
+
+
+# ---- bodies the types do not describe -------------------------------------------------------
+
+
+def _body(choice: dict[str, Any] | None = None, **top: Any) -> bytes:
+    choice = choice if choice is not None else {
+        "message": {"content": "ab"}, "finish_reason": "stop"}
+    return orjson.dumps({"id": "gen-1", "model": "m", "choices": [choice], **top})
+
+
+def _entries(*entries: Any) -> dict[str, Any]:
+    return {"message": {"content": "ab"}, "finish_reason": "stop",
+            "logprobs": {"content": list(entries)}}
+
+
+ENTRY = {"token": "a", "bytes": [97], "id": 64, "logprob": -0.5}
+ODD_BODIES: dict[str, bytes] = {
+    "not JSON": b"<html>bad gateway</html>",
+    "cut off": _body()[:-7],
+    "not an object": b"[1, 2]",
+    "null": b"null",
+    "no choices": orjson.dumps({"id": "x", "choices": []}),
+    "choices null": orjson.dumps({"choices": None}),
+    "choice not an object": orjson.dumps({"choices": ["junk"]}),
+    "second choice not an object": orjson.dumps({"choices": [
+        {"message": {"content": "ab"}, "finish_reason": "stop"}, "junk"]}),
+    "message a string": _body({"message": "hello", "finish_reason": "stop"}),
+    "content a number": _body({"message": {"content": 5, "reasoning": "r"},
+                               "finish_reason": "stop"}),
+    "content a number, nothing else": _body({"message": {"content": 5},
+                                             "finish_reason": "stop"}),
+    "reasoning a list": _body({"message": {"content": "ab", "reasoning": ["x"],
+                                           "reasoning_content": "rc"}, "finish_reason": "stop"}),
+    "reasoning details": _body({"message": {"content": "ab", "reasoning_details": [
+        {"type": "reasoning.text", "text": "one "}, "junk", {"text": 5}, {"text": "two"}]},
+        "finish_reason": "stop"}),
+    "reasoning details encrypted": _body({"message": {"content": "ab", "reasoning_details": [
+        {"type": "reasoning.encrypted", "data": "..."}]}, "finish_reason": "stop"}),
+    "tool calls empty": _body({"message": {"content": "ab", "tool_calls": []},
+                               "finish_reason": "stop"}),
+    # orjson reads an integer beyond 64 bits as a float, msgspec as an int: the raw value.
+    "tool calls with a huge number": b'{"choices": [{"finish_reason": "tool_calls", "message": '
+                                     b'{"tool_calls": [{"id": "c", "function": {"name": "f"}, '
+                                     b'"n": 123456789012345678901234567890}]}}]}',
+    "finish_reason a number": _body({"message": {"content": "ab"}, "finish_reason": 1}),
+    "finish_reason error": _body({"message": {"content": ""}, "finish_reason": "error",
+                                  "error": {"code": 502, "message": "upstream died",
+                                            "metadata": {"provider_name": "P"}}}),
+    "finish_reason error, no error": _body({"message": {"content": ""},
+                                            "finish_reason": "error"}),
+    "error in a 200": orjson.dumps({"error": {"code": 429, "message": "slow down"},
+                                    "usage": {"prompt_tokens": 3, "cost": 0.001}}),
+    "error a string": orjson.dumps({"error": "boom"}),
+    "error null": _body(error=None),
+    "error empty": _body(error={}),
+    "usage a list": _body(usage=[1]),
+    "usage wrong types": _body(usage={"prompt_tokens": "3", "completion_tokens": True,
+                                      "cost": "0.1", "completion_tokens_details": None}),
+    "usage complete": _body(usage={"prompt_tokens": 3, "completion_tokens": 2, "cost": 1,
+                                   "completion_tokens_details": {"reasoning_tokens": 1},
+                                   "prompt_tokens_details": {"cached_tokens": 2}}),
+    "id a number": _body(id=7),
+    "token_ids not numbers": _body({"message": {"content": "ab"}, "finish_reason": "stop",
+                                    "token_ids": ["a"]}),
+    "logprobs a list": _body({"message": {"content": "ab"}, "finish_reason": "stop",
+                              "logprobs": []}),
+    "logprobs content null": _body({"message": {"content": "ab"}, "finish_reason": "stop",
+                                    "logprobs": {"content": None}}),
+    "logprobs content empty": _body(_entries()),
+    "entry not an object": _body(_entries(ENTRY, "junk", None, {"token": "b"})),
+    "entry token null": _body(_entries({"token": None, "logprob": -1})),
+    "entry id true": _body(_entries({"token": "a", "id": True})),
+    "entry logprob a string": _body(_entries({"token": "a", "logprob": "-inf"})),
+    "entry logprob an int": _body(_entries({"token": "a", "logprob": -1})),
+    **{f"entry bytes {bad!r}": _body(_entries(ENTRY, {"token": "b", "bytes": bad}))
+       for bad in ([256], [-1], "abc", 5, [1.5], [True])},
+    "unknown fields everywhere": orjson.dumps({
+        "id": "gen-1", "object": "chat.completion", "created": 1, "system_fingerprint": None,
+        "new_thing": {"nested": [1, {"deep": None}]}, "choices": [{
+            "index": 0, "native_finish_reason": "stop", "finish_reason": "stop", "extra": [1],
+            "message": {"role": "assistant", "content": "ab", "refusal": None, "annotations": []},
+            "logprobs": {"refusal": None, "content": [
+                {**ENTRY, "top_logprobs": [{"token": "b", "logprob": -2, "bytes": [98]}],
+                 "future": {"x": 1}}]}}]}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_BODIES))
+def test_odd_bodies_read_as_the_generic_reading_reads_them(name: str) -> None:
+    raw = ODD_BODIES[name]
+    assert _typed(raw) == _generic(raw)
+
+
+def test_unknown_fields_never_leave_the_typed_reading() -> None:
+    decoded = wire.decode_completion(ODD_BODIES["unknown fields everywhere"])
+    assert decoded is not None and decoded.choices
+    logprobs = decoded.choices[0].logprobs
+    assert logprobs is not None and logprobs.content == [wire.LogprobEntry("a", (97,), 64, -0.5)]
+
+
+@pytest.mark.parametrize(("name", "kind", "message"), [
+    ("not JSON", "bad_response", "answer is not JSON"),
+    ("not an object", "bad_response", "answer is not a JSON object"),
+    ("no choices", "bad_response", "answer has no choices"),
+    ("entry bytes [256]", "bad_response", r"logprobs\.content\[1\]\.bytes"),
+    ("error in a 200", "rate_limited", "slow down"),
+    ("finish_reason error", "provider_error", r"upstream died \(provider P\)"),
+])
+def test_errors_name_what_is_wrong(name: str, kind: str, message: str) -> None:
+    with pytest.raises(BackendError, match=message) as err:
+        answer_from_body(ODD_BODIES[name], {})
+    assert err.value.kind == kind
+
+
+def _sse(*events: bytes) -> bytes:
+    first = {"id": "gen-1", "model": "m", "provider": "P",
+             "choices": [{"index": 0, "delta": {"role": "assistant", "reasoning": "hm"}}]}
+    last = {"id": "gen-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+    lines = [b": OPENROUTER PROCESSING", b"data: " + orjson.dumps(first),
+             *(b"data: " + e for e in events), b"data: " + orjson.dumps(last), b"data: [DONE]"]
+    return b"\n\n".join(lines) + b"\n\n"
+
+
+def _chunk(delta: Any = None, **choice: Any) -> bytes:
+    return orjson.dumps({"id": "gen-1", "choices": [
+        {"index": 0, "delta": delta if delta is not None else {"content": "x"}, **choice}]})
+
+
+ODD_EVENTS: dict[str, bytes] = {
+    "not JSON": b"{oops",
+    "not an object": b"[1]",
+    "error event": orjson.dumps({"error": {"code": 502, "message": "provider went away"},
+                                 "usage": {"prompt_tokens": 3}}),
+    "error null": orjson.dumps({"error": None, "choices": [{"delta": {"content": "x"}}]}),
+    "finish_reason error": _chunk(finish_reason="error", error={"code": 429, "message": "slow"}),
+    "choices null": orjson.dumps({"id": "gen-2", "choices": None, "model": "m2"}),
+    "choices an object": orjson.dumps({"choices": {"delta": {}}}),
+    "delta a string": _chunk("x"),
+    "delta empty list": _chunk([]),
+    "content a number": _chunk({"content": 5, "reasoning": " more"}),
+    "reasoning details": _chunk({"reasoning_details": [{"text": " det"}, {"data": "enc"}]}),
+    "tool call pieces": _chunk({"tool_calls": [
+        {"index": 0, "id": "c1", "function": {"name": "get_", "arguments": "{\"ci"}},
+        {"index": 0, "function": {"name": "weather", "arguments": "ty\": 1}"}}]}),
+    "tool calls not a list": _chunk({"tool_calls": {"index": 0}}),
+    "token ids": _chunk(token_ids=[1, 2, 3]),
+    "token ids not numbers": _chunk(token_ids=["a"]),
+    "logprobs": _chunk(logprobs={"content": [ENTRY, {"token": "b", "bytes": None}]}),
+    "logprob entry not an object": _chunk(logprobs={"content": [ENTRY, "junk"]}),
+    "logprob bytes out of range": _chunk(logprobs={"content": [ENTRY, {"bytes": [300]}]}),
+    "usage in a middle chunk": orjson.dumps({"choices": [], "usage": {"prompt_tokens": 9}}),
+    "unknown fields": orjson.dumps({"id": "gen-1", "object": "chat.completion.chunk",
+                                    "created": 1, "x": {"y": [1]}, "choices": [
+                                        {"index": 0, "delta": {"content": "x", "new": 1},
+                                         "native_finish_reason": None, "finish_reason": None}]}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_EVENTS))
+def test_odd_events_read_as_the_generic_reading_reads_them(name: str) -> None:
+    stream = _sse(ODD_EVENTS[name])
+    typed = _streamed(TypedStreamAccumulator, stream)
+    assert typed == _streamed(StreamAccumulator, stream)
+    if name == "error event":
+        assert typed[:3] == ("error", "provider_error", "provider went away")
+
+
+def test_events_with_unknown_fields_take_the_typed_reading() -> None:
+    for name in ("unknown fields", "logprobs", "tool call pieces", "usage in a middle chunk"):
+        decoded = wire.decode_completion(ODD_EVENTS[name])
+        assert decoded is not None and not decoded.error, name
