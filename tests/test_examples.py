@@ -31,3 +31,12 @@ def test_the_quickstart_config_validates() -> None:
     cfg = load_config(EXAMPLES / "quickstart.yaml")
     assert cfg.backends[0].type == "llamacpp" and cfg.backends[0].model.endswith(".gguf")
     assert {d.name for d in cfg.datasets} == {"quickstart", "quickstart_multiturn"}
+
+
+def test_the_fleet_config_validates() -> None:
+    cfg = load_config(EXAMPLES / "fleet-sglang-router.yaml")
+    fleet, overflow = cfg.backends
+    assert fleet.fleet is not None and fleet.fleet.wait_for_workers == 8
+    assert fleet.fleet.slots_per_worker == 128
+    assert (overflow.type, overflow.priority) == ("openrouter", 1)
+    assert cfg.budget.usd == 200.0
