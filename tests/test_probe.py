@@ -446,3 +446,22 @@ def test_runner_api_does_not_probe_unless_asked(tmp_path: Path, qwen3_dir: Path)
         assert run_config(cfg).status == "completed"
         assert _probe_requests(server) == 0
     assert "probe" not in _run_json(tmp_path)
+
+
+def test_shards_of_a_run_probe_once(tmp_path: Path, qwen3_dir: Path) -> None:
+    data = write_jsonl(tmp_path / "plain.jsonl", _plain_rows(8))
+    with TestServer(**SHORT) as server:
+        cfg = write_config(tmp_path, qwen3_dir, backends=[
+            fast_backend("b", "openai", server.url)],
+            datasets=[{"name": "d", "path": str(data)}])
+        runs = [_run(cfg, "--shard", f"{i}/2") for i in range(2)]
+        probes = _probe_requests(server)
+    assert [r.exit_code for r in runs] == [0, 0], runs[0].output
+    assert probes == 1  # shard 0 probed; shard 1 reused its result
+    assert "stored result" in runs[1].output
+    second = orjson.loads((tmp_path / "run" / "shards" / "1-of-2" / "run.json").read_bytes())
+    assert second["probe"]["backends"]["b"]["verdict"] == "exact"
+    assert second["probe"]["last_gate"]["reused"] == ["b"]
+    answered = [r["id"] for i in range(2)
+                for r in read_records(tmp_path / "run" / "shards" / f"{i}-of-2", "d")]
+    assert sorted(answered) == sorted(f"d/p{i}" for i in range(8))

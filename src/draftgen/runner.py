@@ -223,7 +223,8 @@ class Runner:
         False, with the run failed and nothing sent, when none is left."""
         if self.probe is None:
             return True
-        gate = await gate_backends(self.plan, backends, self.probe, self.store.layout.run_json)
+        gate = await gate_backends(self.plan, backends, self.probe, self.store.layout.run_json,
+                                   [f / "run.json" for f in self._other_run_folders()])
         self.ledger.add_spent(gate.cost_usd)
         if gate.refused:
             self._fatal = gate.refused

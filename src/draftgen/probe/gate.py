@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,13 +40,17 @@ class Gate:
     """Spent by this probe (reused results cost nothing)."""
 
 
-def stored_results(run_json: Path) -> dict[str, BackendProbe]:
-    backends = read_probe(run_json).get("backends")
+def stored_results(run_json: Path, *more: Path) -> dict[str, BackendProbe]:
+    """The probe results stored in `run_json`; for a backend it has none of, the first found
+    in `more` (the run.json of the run's other folders: shards probe once per run, not once
+    per shard). Whether a result is still valid is `core.reusable`'s call, by its key."""
     out: dict[str, BackendProbe] = {}
-    for name, data in (backends or {}).items() if isinstance(backends, dict) else ():
-        result = BackendProbe.from_dict(data)
-        if result is not None:
-            out[name] = result
+    for path in (run_json, *more):
+        backends = read_probe(path).get("backends")
+        for name, data in backends.items() if isinstance(backends, dict) else ():
+            result = BackendProbe.from_dict(data)
+            if result is not None and name not in out:
+                out[name] = result
     return out
 
 
@@ -106,14 +110,19 @@ def _gate_record(dropped: Mapping[str, str], refused: str | None, cost: float,
 
 
 async def gate_backends(plan: Plan, backends: list[Backend], opts: ProbeOptions,
-                        run_json: Path) -> Gate:
-    """Probe the started `backends` (or reuse stored results), record the results in
-    run.json, and remove from `backends` (closing them) those that may not serve this run."""
-    results = await probe_all(plan.fmt, plan.cfg, backends, opts, stored_results(run_json))
+                        run_json: Path, shared_from: Sequence[Path] = ()) -> Gate:
+    """Probe the started `backends` (or reuse results stored in `run_json`, else in the
+    run.json files of `shared_from`), record the results in run.json, and remove from
+    `backends` (closing them) those that may not serve this run."""
+    own = stored_results(run_json)
+    stored = stored_results(run_json, *shared_from)
+    results = await probe_all(plan.fmt, plan.cfg, backends, opts, stored)
     dropped = decide(results, dataset_needs(plan))
     refused = refusal(dropped, results) if len(dropped) == len(backends) else None
     cost = sum(r.cost_usd for r in results if not r.cached)
-    record_probe(run_json, {r.backend: r.as_dict() for r in results if not r.cached},
+    # A result taken from another folder is recorded in this one too, as its own record.
+    record_probe(run_json, {r.backend: r.as_dict() for r in results
+                            if not r.cached or r.backend not in own},
                  _gate_record(dropped, refused, cost, results))
     _log(results, dropped, cost)
     for b in backends:
