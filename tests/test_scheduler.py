@@ -1,12 +1,19 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
 from draftgen.backends import make_backend
 from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
-from draftgen.scheduler import BackendSlots, NoBackendLeft, backoff_delay, send_with_retries
+from draftgen.scheduler import (
+    PAUSE_LOG_INTERVAL_S,
+    BackendSlots,
+    NoBackendLeft,
+    backoff_delay,
+    send_with_retries,
+)
 from draftgen.types import BackendError, Prompt, RawAnswer
 
 MODEL = ModelConfig(name="m", format="qwen3", tokenizer="unused")
@@ -47,6 +54,26 @@ async def test_disabled_backends_stop_receiving_and_none_left_raises() -> None:
     slots.disable(b, "bad key")
     with pytest.raises(NoBackendLeft, match="out of credits"):
         await slots.acquire()
+
+
+def test_a_pause_that_comes_and_goes_is_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _backend("a", 1)
+    slots = BackendSlots([a])
+    clock = [1000.0]
+    monkeypatch.setattr("draftgen.scheduler.time.monotonic", lambda: clock[0])
+    with caplog.at_level("INFO", logger="draftgen.scheduler"):
+        for _ in range(50):  # a nearly spent budget: paused, unpaused as each request settles
+            slots.pause(a, math.inf, "budget: settling")
+            slots.unpause("budget: settling")
+            clock[0] += 0.1
+        slots.pause(a, 5, "cool-down")  # another reason is logged at once
+        clock[0] += PAUSE_LOG_INTERVAL_S
+        slots.pause(a, math.inf, "budget: settling")  # and the first again after a minute
+    paused = [r.getMessage() for r in caplog.records if "paused" in r.getMessage()]
+    assert paused == ["backend a paused: budget: settling", "backend a paused: cool-down",
+                      "backend a paused: budget: settling"]
 
 
 def test_backoff_grows_caps_and_honours_retry_after() -> None:

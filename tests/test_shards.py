@@ -323,3 +323,11 @@ def test_status_of_shards_without_all_of_them_started(tmp_path: Path, qwen3_tok:
     data["datasets"] = {"d": {"total": 9, "skipped_budget": 0}}
     (root / "shards" / "1-of-2" / "run.json").write_bytes(orjson.dumps(data))
     assert collect_status(root).datasets["d"].total == 15
+    # a shard whose folder does not exist at all is named
+    _write_shard(root, "0/3", qwen3_tok, {"d": 1})
+    _write_shard(root, "2/3", qwen3_tok, {"d": 1})
+    # the 2-shard set covers every shard: the totals are known, nothing is said missing
+    assert not any("no folder yet" in n for n in collect_status(root).notes)
+    shutil.rmtree(root / "shards" / "1-of-2")
+    notes = collect_status(root).notes
+    assert any("no folder yet for shard 1/2, 1/3: not started" in n for n in notes), notes

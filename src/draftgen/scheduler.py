@@ -22,6 +22,7 @@ from draftgen.backends import Backend
 from draftgen.types import BackendError, Prompt, RawAnswer
 
 log = logging.getLogger("draftgen.scheduler")
+PAUSE_LOG_INTERVAL_S = 60.0
 
 
 class NoBackendLeft(Exception):
@@ -36,6 +37,9 @@ class BackendState:
     paused_until: float = 0.0
     pause_reason: str | None = None
     consecutive_failures: int = 0
+    last_logged_pause: tuple[str, float] = ("", -math.inf)
+    """The last pause reason logged and when: a pause that comes and goes with every settled
+    request (a budget that is nearly spent) is logged once a minute, not each time."""
 
     @property
     def capacity(self) -> int:
@@ -95,9 +99,12 @@ class BackendSlots:
     def pause(self, backend: Backend, seconds: float, reason: str) -> None:
         """No new requests for this backend for `seconds` (math.inf: until `unpause`)."""
         state = self.states[backend.name]
-        state.paused_until = time.monotonic() + seconds
-        if state.pause_reason != reason:
+        now = time.monotonic()
+        state.paused_until = now + seconds
+        logged, at = state.last_logged_pause
+        if reason != logged or now - at >= PAUSE_LOG_INTERVAL_S:
             log.info("backend %s paused: %s", backend.name, reason)
+            state.last_logged_pause = (reason, now)
         state.pause_reason = reason
         self._changed.set()
 

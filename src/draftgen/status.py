@@ -754,9 +754,13 @@ def _totals_note(st: RunStatus) -> list[str]:
     unknown = [n for n, d in st.datasets.items() if d.total is None]
     if not unknown:
         return []
-    why = ("no set of shard folders covering every shard records them (a shard not started "
-           "yet?)" if st.shards else "run.json has no \"datasets\" totals: written by draftgen "
-           "run at each session start")
+    missing = _missing_shards([shard.part for shard in st.shards])
+    if missing:
+        why = f"no folder yet for shard {', '.join(missing)}: not started"
+    elif st.shards:
+        why = "no set of shard folders covering every shard records them"
+    else:
+        why = "run.json has no \"datasets\" totals: written by draftgen run at each session start"
     return [f"prompt totals unknown for {', '.join(unknown)} ({why}); pending not shown"]
 
 
@@ -786,6 +790,15 @@ def _stop_note(st: RunStatus) -> list[str]:
         return [f"{len(st.journal.open):,} requests were in flight at the stop: sent, never "
                 "answered, possibly billed; the next run sends them again"]
     return []
+
+
+def _missing_shards(parts: list[RunPart]) -> list[str]:
+    """The shards ("I/N") of each shard count N seen that have no folder."""
+    present: dict[int, set[int]] = {}
+    for part in parts:
+        if part.shard is not None:
+            present.setdefault(part.shard.count, set()).add(part.shard.index)
+    return [f"{i}/{n}" for n, have in sorted(present.items()) for i in range(n) if i not in have]
 
 
 def _sharded_notes(st: RunStatus, repeats: Counter[str]) -> list[str]:
