@@ -1,48 +1,76 @@
-"""The `draftgen` command."""
+"""The `draftgen` command.
+
+Each command imports what it needs inside its function: `draftgen status` right after a kill
+must not wait for the runner, the backends (aiohttp), pyarrow or the tokenizers to import. At
+module level only what Typer needs to build the commands (the option types, from light modules);
+tests/test_cli_imports.py guards it.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
 import socket
 import sys
 import time
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.table import Table
 
-from draftgen import perf
-from draftgen.backends import BackendNotReady
-from draftgen.backends.managed_llamacpp import ManagedServerError
-from draftgen.config import ConfigError, RunConfig, load_config
-from draftgen.datasets import DatasetError
 from draftgen.export.options import ExportFormat, MinCheck, Overlong
-from draftgen.formats import FormatError
-from draftgen.probe import DEFAULT_MAX_TOKENS, ProbeOptions
-from draftgen.runner import Plan, Runner, prepare, render_each
-from draftgen.scale.shards import ShardError, ShardSpec, live_parts, run_parts
-from draftgen.store import RunLocked, StoreError
-from draftgen.tokenize import TokenizerError, chunked
+from draftgen.probe.options import DEFAULT_MAX_TOKENS, ProbeOptions
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from draftgen.config import RunConfig
+    from draftgen.runner import Plan
+    from draftgen.scale.shards import ShardSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Token-exact training data for speculative-decoding draft models.")
-console = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("draftgen")
 
-_USER_ERRORS = (ConfigError, DatasetError, FormatError, TokenizerError, RunLocked, StoreError)
+
+def _console(**options: Any) -> Console:
+    """A rich console (on stdout unless stderr=True); rich is imported on first use, as
+    `status --json` never needs it."""
+    from rich.console import Console
+
+    return Console(**options)
+
+
+@cache
+def _stderr() -> Console:
+    """The console of progress, messages and errors."""
+    return _console(stderr=True, soft_wrap=True)
+
+
+@cache
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors reported as one line, without a traceback: a bad config, dataset, model
+    format or tokenizer, a locked or unwritable run folder. A function, so that their modules
+    are imported when an error is caught (a command that can raise them has imported them
+    already), not when the tool starts."""
+    from draftgen.config import ConfigError
+    from draftgen.datasets import DatasetError
+    from draftgen.formats import FormatError
+    from draftgen.store import RunLocked, StoreError
+    from draftgen.tokenize import TokenizerError
+
+    return (ConfigError, DatasetError, FormatError, TokenizerError, RunLocked, StoreError)
 
 
 def _setup_logging(verbose: bool) -> None:
     level = logging.DEBUG if verbose else logging.INFO
     if sys.stderr.isatty():
-        handler: logging.Handler = RichHandler(console=console, show_path=False)
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(console=_stderr(), show_path=False)
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)
@@ -55,7 +83,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    _stderr().print(f"[bold red]error:[/] {message}", highlight=False)
     return typer.Exit(code)
 
 
@@ -65,7 +93,13 @@ def _check_backend_keys(cfg: RunConfig) -> None:
 
 
 def _print_plan(plan: Plan) -> None:
-    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    from rich.table import Table
+
+    from draftgen.formats import FormatError
+    from draftgen.runner import render_each
+    from draftgen.tokenize import chunked
+
+    out = _console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     out.print(f"model: {plan.cfg.model.name} · format {plan.fmt.name} · tokenizer "
               f"{plan.tokenizer.path} (sha256 {plan.tokenizer.sha256[:12]}…)", highlight=False)
     specials = ", ".join(f"{k}={v}" for k, v in plan.fmt.special_tokens().items())
@@ -127,6 +161,10 @@ def run(
 
     The backends are probed first (see `draftgen probe`): a backend the probe finds unsafe for
     this run's prompts is left out; with none left, nothing is sent."""
+    from draftgen import perf
+    from draftgen.config import load_config
+    from draftgen.runner import Runner, prepare
+
     _setup_logging(verbose)
     if no_probe and force_probe:
         raise _fail("--probe and --no-probe contradict each other")
@@ -147,26 +185,28 @@ def run(
         # uvloop's event loop when installed (draftgen[fast]): see draftgen.perf.run
         outcome = perf.run(Runner(plan, live_display=False if no_live else None,
                                   probe=probe).execute())
-    except _USER_ERRORS as e:
+    except _user_errors() as e:
         raise _fail(str(e)) from None
     counters = outcome.counters
     if counters is not None:
         t = counters.total()
         where = (f"shard {spec} → {spec.folder(Path(cfg.output_dir))}" if spec
                  else f"→ {cfg.output_dir}")
-        console.print(
+        _stderr().print(
             f"{outcome.status}: {t.done_before + t.done:,}/{t.total:,} answered "
             f"({t.done:,} this session), {t.failed:,} failed, {t.exhausted:,} out of attempts, "
             f"{t.pending:,} pending, {t.output_tokens:,} output tokens, ${t.cost:.4f} "
             f"{where}", highlight=False)
     if outcome.message:
-        console.print(outcome.message, highlight=False)
+        _stderr().print(outcome.message, highlight=False)
     raise typer.Exit(outcome.exit_code)
 
 
 def _shard_spec(shard: str | None, ray: int | None, ray_address: str | None,
                 dry_run: bool) -> ShardSpec | None:
     """--shard parsed; --ray and --ray-address checked against the other options."""
+    from draftgen.scale.shards import ShardError, ShardSpec
+
     if ray is not None and shard is not None:
         raise _fail("--ray runs every shard itself: drop --shard")
     if ray is not None and dry_run:
@@ -189,15 +229,15 @@ def _run_on_ray(config: Path, shards: int, address: str | None, *, live: bool | 
         raise _fail(f"--ray needs Ray: {e}") from None
     try:
         return run_on_ray(config, shards=shards, address=address, live=live, probe=probe)
-    except _USER_ERRORS as e:
+    except _user_errors() as e:
         raise _fail(str(e)) from None
 
 
 def _print_shard(plan: Plan, spec: ShardSpec) -> None:
     counts = ", ".join(f"{ds.name} {len(ds.prompts):,} of {ds.load.prompts:,}"
                        for ds in plan.datasets)
-    Console(soft_wrap=True).print(f"shard {spec}: prompts {counts} → "
-                                  f"{spec.folder(Path(plan.cfg.output_dir))}", highlight=False)
+    _console(soft_wrap=True).print(f"shard {spec}: prompts {counts} → "
+                                   f"{spec.folder(Path(plan.cfg.output_dir))}", highlight=False)
 
 
 @app.command()
@@ -220,6 +260,11 @@ def probe(
     tool calls arrive, whether usage.completion_tokens matches the rebuilt IDs, whether
     logprobs cover every token, who served it and what it cost; and a verdict: exact,
     reconstructable or unsafe. Exits 1 when a backend is unsafe."""
+    import asyncio
+
+    from draftgen.backends import BackendNotReady
+    from draftgen.backends.managed_llamacpp import ManagedServerError
+    from draftgen.config import load_config
     from draftgen.probe.command import load_format, probe_config, save_results, select_backends
     from draftgen.probe.show import print_results, to_json
 
@@ -230,7 +275,7 @@ def probe(
         fmt = load_format(cfg)
         results = asyncio.run(probe_config(cfg, fmt, ProbeOptions(max_tokens=max_tokens)))
         note = save_results(cfg, results) if save else None
-    except _USER_ERRORS as e:
+    except _user_errors() as e:
         raise _fail(str(e)) from None
     except (ManagedServerError, BackendNotReady) as e:
         raise _fail(str(e), code=1) from None
@@ -238,9 +283,9 @@ def probe(
         sys.stdout.write(orjson.dumps(to_json(results), option=orjson.OPT_INDENT_2).decode()
                          + "\n")
     else:
-        print_results(results, Console(width=None if sys.stdout.isatty() else 160))
+        print_results(results, _console(width=None if sys.stdout.isatty() else 160))
     if note:
-        console.print(note, highlight=False)
+        _stderr().print(note, highlight=False)
     if any(r.verdict == "unsafe" for r in results):
         raise typer.Exit(1)
 
@@ -253,6 +298,8 @@ def stop(
 ) -> None:
     """Ask a running `draftgen run` on RUN_DIR to stop (graceful unless --now); on a sharded
     run, every live shard on this machine (shards live on other machines are named)."""
+    from draftgen.scale.shards import live_parts, run_parts
+
     live = [(part, holder) for part, holder in live_parts(run_parts(run_dir))
             if holder.get("pid")]
     if not live:
@@ -263,17 +310,17 @@ def stop(
         pid, host = int(holder["pid"]), holder.get("host")
         which = f" (shard {part.label})" if part.shard else ""
         if host not in (None, here):
-            console.print(f"pid {pid} on {host} holds {part.folder}{which}: run draftgen stop "
-                          "there", highlight=False)
+            _stderr().print(f"pid {pid} on {host} holds {part.folder}{which}: run draftgen stop "
+                            "there", highlight=False)
             continue
         try:
             os.kill(pid, signal.SIGUSR1 if now else signal.SIGTERM)
         except ProcessLookupError:
-            console.print(f"pid {pid}{which} has already exited", highlight=False)
+            _stderr().print(f"pid {pid}{which} has already exited", highlight=False)
             continue
         asked += 1
-        console.print(f"asked pid {pid} to stop {'now' if now else 'gracefully'}{which}",
-                      highlight=False)
+        _stderr().print(f"asked pid {pid} to stop {'now' if now else 'gracefully'}{which}",
+                        highlight=False)
     if not asked:
         raise typer.Exit(1)
 
@@ -348,7 +395,7 @@ def export(
         summary = export_run(run_dir, opts)
     except ExportError as e:
         raise _fail(str(e), code=1) from None
-    print_summary(summary, Console())
+    print_summary(summary, _console())
     if summary.written() == 0:
         raise _fail("no row was written: every answer was excluded (see above)", code=1)
 
@@ -370,8 +417,8 @@ def report(
     except ReportError as e:
         raise _fail(str(e), code=1) from None
     stats = result.stats
-    Console().print(f"report of {stats.answers:,} answers (${stats.cost:.4f}) → {result.index} "
-                    f"(+ {len(result.pngs)} PNGs)", highlight=False, soft_wrap=True)
+    _console().print(f"report of {stats.answers:,} answers (${stats.cost:.4f}) → {result.index} "
+                     f"(+ {len(result.pngs)} PNGs)", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -409,6 +456,7 @@ def audit(
     from draftgen.audit import AuditError, audit_run, render_report
     from draftgen.audit.quarantine import QuarantineError
     from draftgen.audit.quarantine import quarantine as move_failing
+    from draftgen.scale.shards import live_parts, run_parts
 
     _setup_logging(False)
     if quarantine:  # refuse before spending minutes on the audit
@@ -429,11 +477,11 @@ def audit(
     if as_json:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        render_report(report, Console(soft_wrap=True))
+        render_report(report, _console(soft_wrap=True))
         if moved is not None:
             for name, n in moved.moved.items():
-                Console().print(f"{name}: {n:,} failing lines moved to {name}/quarantine.jsonl; "
-                                "the next draftgen run regenerates them", highlight=False)
+                _console().print(f"{name}: {n:,} failing lines moved to {name}/quarantine.jsonl; "
+                                 "the next draftgen run regenerates them", highlight=False)
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -447,8 +495,8 @@ def _audit_progress() -> Any:
         now = time.monotonic()
         if now - last[0] >= 0.5 or done >= total:
             last[0] = now
-            console.print(f"audited {done:,}/{total:,} answers",
-                          end="\n" if done >= total else "\r", highlight=False)
+            _stderr().print(f"audited {done:,}/{total:,} answers",
+                            end="\n" if done >= total else "\r", highlight=False)
     return show
 
 

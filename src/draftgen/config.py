@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from draftgen.assets import resolve_builtin
-from draftgen.scale.shards import SHARDS_DIR
+from draftgen.scale.folders import SHARDS_DIR
 
 BackendType = Literal["openai", "openrouter", "vllm", "sglang", "llamacpp"]
 REDACTED = "***"

@@ -10,9 +10,21 @@ and logprobs, found with a few small requests before a paid run, and a verdict p
 - `command`: the stand-alone command; `show`: table and JSON.
 """
 
-from draftgen.probe.core import DEFAULT_MAX_TOKENS, ProbeOptions, backend_key, probe_all
-from draftgen.probe.gate import Gate, gate_backends
+from typing import TYPE_CHECKING
+
+from draftgen.lazy_exports import lazy_exports
 from draftgen.probe.model import AnswerReport, BackendProbe, Problem
+from draftgen.probe.options import DEFAULT_MAX_TOKENS, ProbeOptions
+
+if TYPE_CHECKING:
+    from draftgen.probe.core import backend_key, probe_all
+    from draftgen.probe.gate import Gate, gate_backends
+
+# Imported on first use: they import the backends (aiohttp), which the options do not need.
+__getattr__ = lazy_exports(__name__, {
+    "draftgen.probe.core": ("backend_key", "probe_all"),
+    "draftgen.probe.gate": ("Gate", "gate_backends"),
+})
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

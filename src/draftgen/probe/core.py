@@ -7,7 +7,6 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import orjson
 
@@ -17,27 +16,19 @@ from draftgen.formats import Format
 from draftgen.probe.analyze import analyze
 from draftgen.probe.exchange import exchange, listed_quantizations, probe_requests
 from draftgen.probe.model import BackendProbe
+from draftgen.probe.options import ProbeOptions
 from draftgen.probe.verdict import judge
 
 log = logging.getLogger("draftgen.probe")
 
 PROBE_VERSION = 1
 """Part of the cache key: a new probe logic re-probes."""
-DEFAULT_MAX_TOKENS = 512
 
 _KEY_EXCLUDE = {
     "concurrency", "priority", "price", "paid", "cooldown_after", "cooldown_s", "timeout_s",
     "connect_timeout_s", "max_retries", "backoff_base_s", "backoff_max_s", "headers", "fleet",
 }
 """Backend settings that cannot change what the endpoint answers."""
-
-
-@dataclass(frozen=True)
-class ProbeOptions:
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    """Per probe request: small, as they cost money on paid backends."""
-    force: bool = False
-    """Probe again even where run.json holds a result with the same key."""
 
 
 def backend_key(cfg: RunConfig, backend: str, tokenizer_sha256: str) -> str:

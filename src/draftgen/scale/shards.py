@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from draftgen.scale.folders import SHARDS_DIR
 from draftgen.store.columns import id_hash
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
 
-SHARDS_DIR = "shards"
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _FOLDER = re.compile(r"^(\d+)-of-(\d+)$")
 
