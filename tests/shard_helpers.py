@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
-from draftgen.config import Price
+from draftgen.config import Price, load_config
 from draftgen.scale.shards import ShardSpec, shard_folders, shard_of
-from tests.e2e_helpers import fast_backend, write_config, write_jsonl
+from tests.e2e_helpers import fast_backend, wait_for_lines, write_config, write_jsonl
 
 PRICE = Price(prompt=0.5, completion=2.5)
 """USD per million tokens: what the test server bills and what the config says."""
@@ -68,13 +68,23 @@ def sharded_config(tmp_path: Path, qwen3_dir: Path, url: str, rows: list[dict[st
         sampling={"temperature": 0.6, "max_tokens": MAX_TOKENS})
 
 
-def run_shard_processes(config: Path, count: int, timeout: float = 120) -> list[str]:
+def run_shard_processes(config: Path, count: int, timeout: float = 120,
+                        first_answers: int = 0) -> list[str]:
     """`count` shards of the run, each in its own process at the same time (as `draftgen run
-    CONFIG --shard I/N` on several machines); their last output lines."""
-    procs = [subprocess.Popen([sys.executable, "-c", _SHARD_SCRIPT, str(config),
-                               str(ShardSpec(i, count))],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(count)]
+    CONFIG --shard I/N` on several machines); their last output lines. With `first_answers`,
+    shard 0 starts alone and the others once it has stored that many answers (a loaded
+    machine may otherwise start it last)."""
+    def start(i: int) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-c", _SHARD_SCRIPT, str(config),
+                                 str(ShardSpec(i, count))],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    procs = [start(0)]
+    if first_answers:
+        run_root = Path(load_config(config).output_dir)
+        wait_for_lines(ShardSpec(0, count).folder(run_root) / "d" / "responses.jsonl",
+                       first_answers, timeout)
+    procs += [start(i) for i in range(1, count)]
     try:
         outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:

@@ -305,7 +305,7 @@ def test_four_shard_processes_spend_the_budget_to_within_one_request(
     with TestServer(latency_s=0.05, **SERVER) as server:
         config = sharded_config(tmp_path, qwen3_dir, server.url, rows, budget_usd=budget,
                                 concurrency=4)
-        statuses = run_shard_processes(config, 4)
+        statuses = run_shard_processes(config, 4, first_answers=1)
     records = run_records(tmp_path / "run")
     spent, worst = spend(records), worst_case_usd(records)
     print(f"\nfile pool: budget ${budget}, spent ${spent:.6f} in {len(records)} answers, "
