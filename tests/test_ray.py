@@ -47,9 +47,12 @@ def _run_on_ray(config: Path, shards: int) -> int:
 
 def test_four_shards_on_ray_answer_every_prompt_once(local_ray: None, tmp_path: Path,
                                                      qwen3_dir: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
     rows = uneven_rows([10, 10, 10, 10])
-    with TestServer(latency_s=0.01, **SERVER) as server:
+    monkeypatch.setattr("draftgen.scale.ray_run.PROGRESS_EVERY_S", 0.2)
+    with TestServer(latency_s=0.05, **SERVER) as server:
         config = sharded_config(tmp_path, qwen3_dir, server.url, rows, budget_usd=1.0,
                                 concurrency=4)
         # relative paths in the config mean the same in the workers as here
@@ -62,6 +65,10 @@ def test_four_shards_on_ray_answer_every_prompt_once(local_ray: None, tmp_path: 
     state = FilePool(tmp_path / "run").read()
     assert sorted(state.leases) == [f"{i}-of-4" for i in range(4)]
     assert state.free(USD) == pytest.approx(1.0 - spend(records), abs=1e-9)
+    # while the shards ran, the driver printed the whole run's progress
+    progress = [line for line in capsys.readouterr().out.splitlines() if " answered · " in line]
+    assert progress, "no progress line"
+    assert all(" failed · " in line and " in flight · " in line for line in progress)
 
 
 def test_a_shared_budget_on_ray_is_spent_to_within_one_request(local_ray: None, tmp_path: Path,

@@ -845,6 +845,16 @@ def _rate_text(r: Rates | None) -> str:
             f"${j['usd_per_min']:.4f}/min over {_duration(r.seconds)}")
 
 
+def summary_line(st: RunStatus) -> str:
+    """The run in one line, for progress logs: answered of total, failed, in flight, spend,
+    the recent rate."""
+    t = st.total
+    of = f"/{t.total:,}" if t.total is not None else ""
+    return (f"{t.sums.done:,}{of} answered · {t.failed:,} failed · {t.in_flight:,} in flight · "
+            f"{t.sums.output_tokens:,} tokens · ${t.sums.cost_usd:.4f} · "
+            f"{_rate_text(t.recent)}")
+
+
 def render_status(st: RunStatus, console: Any) -> None:
     from rich.table import Table
 

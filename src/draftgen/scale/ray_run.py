@@ -32,9 +32,12 @@ from draftgen.probe import ProbeOptions
 from draftgen.runner import Outcome, Runner, prepare
 from draftgen.scale.leases import BudgetPool, FilePool, PoolOp, PoolState, describe_pool
 from draftgen.scale.shards import ShardSpec
+from draftgen.status import StatusError, collect_status, summary_line
 
 T = TypeVar("T")
 
+PROGRESS_EVERY_S = 60.0
+"""How often the driver prints the whole run's progress while shards run."""
 MAX_RETRIES = 3
 """Re-runs of a shard whose worker process or node died (not of a shard that failed)."""
 
@@ -117,7 +120,7 @@ def run_on_ray(config_path: Path, *, shards: int, address: str | None = None,
                                                          retry_exceptions=False)
         refs = {task.remote(str(config_path), i, shards, probe, pool, os.getcwd()):
                 ShardSpec(i, shards) for i in range(shards)}
-        results = _gather(refs)
+        results = _gather(refs, Path(cfg.output_dir), PROGRESS_EVERY_S)
         lines = describe_pool(ray.get(pool.actor.apply.remote(PoolState.snapshot)))
     finally:
         if started_ray:
@@ -136,13 +139,18 @@ def _pool_actor(run_root: Path) -> Any:
     ).remote(str(run_root))
 
 
-def _gather(refs: dict[Any, ShardSpec]) -> list[ShardResult]:
-    """Each shard's result as it ends (printed); on Ctrl-C the shards are asked to stop (as
-    `draftgen stop` would: answers in flight are saved) and still gathered."""
+def _gather(refs: dict[Any, ShardSpec], run_root: Path, progress_every_s: float
+            ) -> list[ShardResult]:
+    """Each shard's result as it ends (printed), and the whole run's progress every
+    `progress_every_s`; on Ctrl-C the shards are asked to stop (as `draftgen stop` would:
+    answers in flight are saved) and still gathered."""
     pending = list(refs)
     done: dict[str, ShardResult] = {}
-    started = time.monotonic()
+    started = last_progress = time.monotonic()
     while pending:
+        if time.monotonic() - last_progress >= progress_every_s:
+            last_progress = time.monotonic()
+            _print_progress(run_root)
         try:  # a timeout keeps the driver responsive to Ctrl-C
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
         except KeyboardInterrupt:  # each shard gets a SIGINT: stop, then abort on a second
@@ -159,6 +167,15 @@ def _gather(refs: dict[Any, ShardSpec]) -> list[ShardResult]:
                       f"{time.monotonic() - started:.0f}s "
                       f"({result.answered:,}/{result.total:,} answered)")
     return [done[str(spec)] for spec in refs.values()]
+
+
+def _print_progress(run_root: Path) -> None:
+    """The run's status in one line, read from the shard folders as `draftgen status` does."""
+    try:
+        line = summary_line(collect_status(run_root))
+    except (OSError, StatusError) as e:  # a folder being created right now: next time
+        line = f"(status not readable yet: {e})"
+    console.print(f"{time.strftime('%H:%M:%S')} {line}")
 
 
 def _result(ref: Any, spec: ShardSpec) -> ShardResult:
