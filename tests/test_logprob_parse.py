@@ -215,10 +215,8 @@ def test_records_equal_with_and_without_top_logprobs(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("logprobs", [True, False])
-@pytest.mark.parametrize("stream", [False, True])
 def test_records_equal_with_typed_and_generic_decoding(
-        tmp_path: Path, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, stream: bool,
-        logprobs: bool) -> None:
+        tmp_path: Path, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, logprobs: bool) -> None:
     """Whole runs: answers read through the `wire` types (what `send` does) and through the
     generic reading (orjson and dict lookups, as before); records equal."""
     data = write_jsonl(tmp_path / "data" / "mixed.jsonl", mixed_rows(40))
@@ -228,10 +226,9 @@ def test_records_equal_with_typed_and_generic_decoding(
             if name == "generic":
                 monkeypatch.setattr(openai_chat, "answer_from_body", lambda raw, headers:
                                     answer_from_json(parse_json_body(raw), headers))
-                monkeypatch.setattr(openai_chat, "TypedStreamAccumulator", StreamAccumulator)
             cfg = write_config(tmp_path / name, qwen3_dir, backends=[
                 fast_backend("or", "openrouter", server.url + "/api/v1", concurrency=16,
-                             stream=stream, logprobs=logprobs)],
+                             logprobs=logprobs)],
                 datasets=[{"name": "mixed", "path": str(data)}])
             assert run_config(cfg).status == "completed"
             runs[name] = _stable(read_records(tmp_path / name / "run", "mixed"))

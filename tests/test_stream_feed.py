@@ -1,14 +1,11 @@
-"""StreamAccumulator.feed: SSE bytes cut anywhere give the same answer as whole lines, with the
-generic reading of each event and with the typed one (`TypedStreamAccumulator`)."""
+"""StreamAccumulator.feed: SSE bytes cut anywhere give the same answer as whole lines."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from draftgen.backends.openai_chat import StreamAccumulator, TypedStreamAccumulator
-
-READINGS = pytest.mark.parametrize("cls", [StreamAccumulator, TypedStreamAccumulator])
+from draftgen.backends.openai_chat import StreamAccumulator
 
 
 def _sse(final_newline: bool = True) -> bytes:
@@ -26,21 +23,20 @@ def _sse(final_newline: bool = True) -> bytes:
     return b"".join(events)
 
 
-def _by_lines(stream: bytes, cls: type[StreamAccumulator]) -> StreamAccumulator:
-    acc = cls()
+def _by_lines(stream: bytes) -> StreamAccumulator:
+    acc = StreamAccumulator()
     for line in stream.split(b"\n"):
         if acc.feed_line(line):
             break
     return acc
 
 
-@READINGS
 @pytest.mark.parametrize("final_newline", [True, False])
-def test_feed_any_split_matches_lines(final_newline: bool, cls: type[StreamAccumulator]) -> None:
+def test_feed_any_split_matches_lines(final_newline: bool) -> None:
     stream = _sse(final_newline)
-    want = _by_lines(stream, cls).finish()
+    want = _by_lines(stream).finish()
     for size in [1, 2, 3, 7, 64, len(stream)]:
-        acc = cls()
+        acc = StreamAccumulator()
         done = False
         for i in range(0, len(stream), size):
             if acc.feed(stream[i : i + size]):
@@ -54,10 +50,9 @@ def test_feed_any_split_matches_lines(final_newline: bool, cls: type[StreamAccum
         assert got.content == "Hello, wörld" and got.reasoning == "Let me think a bit."
 
 
-@READINGS
-def test_feed_end_without_done_is_incomplete(cls: type[StreamAccumulator]) -> None:
+def test_feed_end_without_done_is_incomplete() -> None:
     stream = _sse().split(b"data: [DONE]")[0]
-    acc = cls()
+    acc = StreamAccumulator()
     assert acc.feed(stream) is False
     assert acc.feed_end() is False
     with pytest.raises(Exception, match="before \\[DONE\\]"):

@@ -1,7 +1,7 @@
-"""Typed decoding of chat answers (`backends/wire.py`): `answer_from_body` and
-`TypedStreamAccumulator` give what the generic reading (`answer_from_json`, `StreamAccumulator`)
-gives, answers and errors alike, on the test server's answers in every shape it sends and on
-bodies the types do not describe; and the IDs from the logprob columns are the engine's."""
+"""Typed decoding of chat answers (`backends/wire.py`): `answer_from_body` gives what the
+generic reading (`answer_from_json`) gives, answers and errors alike, on the test server's
+answers in every shape it sends and on bodies the types do not describe; and the IDs from the
+logprob columns are the engine's."""
 
 from __future__ import annotations
 
@@ -15,12 +15,7 @@ import pytest
 
 from draftgen.backends import wire
 from draftgen.backends.base import parse_json_body
-from draftgen.backends.openai_chat import (
-    StreamAccumulator,
-    TypedStreamAccumulator,
-    answer_from_body,
-    answer_from_json,
-)
+from draftgen.backends.openai_chat import answer_from_body, answer_from_json
 from draftgen.testing.server import TestServer
 from draftgen.tokenize import Tokenizer, ids_from_logprobs
 from draftgen.types import BackendError, LogprobTokens
@@ -83,21 +78,6 @@ def _typed(raw: bytes) -> tuple[Any, ...]:
     return _outcome(lambda: answer_from_body(raw, {}))
 
 
-def _streamed(cls: type[StreamAccumulator], stream: bytes) -> tuple[Any, ...]:
-    def read() -> Any:
-        acc = cls()
-        if not acc.feed(stream):
-            acc.feed_end()
-        return acc.finish()
-
-    return _outcome(read)
-
-
-def _events(stream: bytes) -> list[bytes]:
-    return [line[len(b"data:"):].strip() for line in stream.splitlines()
-            if line.startswith(b"data:") and not line.endswith(b"[DONE]")]
-
-
 # ---- the test server's answers ----------------------------------------------------------------
 
 
@@ -115,21 +95,6 @@ def test_whole_answers_read_alike(server: TestServer, question: str, tools: list
     if logprobs:
         assert len(answer.logprobs) > 0
         assert all(isinstance(b, bytes) for b in answer.logprobs.bytes)
-
-
-@pytest.mark.parametrize("logprobs", [False, True])
-@pytest.mark.parametrize(("question", "tools"), QUESTIONS)
-def test_streams_read_alike(server: TestServer, question: str, tools: list[Any] | None,
-                            logprobs: bool) -> None:
-    stream = _fetch(server, question, tools, logprobs=logprobs, stream=True,
-                    stream_options={"include_usage": True})
-    events = _events(stream)
-    assert events and all(
-        (c := wire.decode_completion(e)) is not None and not c.error for e in events)
-    typed = _streamed(TypedStreamAccumulator, stream)
-    assert typed[0] == "answer" and typed == _streamed(StreamAccumulator, stream)
-    if tools:
-        assert typed[1].tool_calls
 
 
 def test_logprob_columns_give_the_engine_ids(qwen3_tok: Tokenizer) -> None:
@@ -256,63 +221,3 @@ def test_errors_name_what_is_wrong(name: str, kind: str, message: str) -> None:
     with pytest.raises(BackendError, match=message) as err:
         answer_from_body(ODD_BODIES[name], {})
     assert err.value.kind == kind
-
-
-def _sse(*events: bytes) -> bytes:
-    first = {"id": "gen-1", "model": "m", "provider": "P",
-             "choices": [{"index": 0, "delta": {"role": "assistant", "reasoning": "hm"}}]}
-    last = {"id": "gen-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
-    lines = [b": OPENROUTER PROCESSING", b"data: " + orjson.dumps(first),
-             *(b"data: " + e for e in events), b"data: " + orjson.dumps(last), b"data: [DONE]"]
-    return b"\n\n".join(lines) + b"\n\n"
-
-
-def _chunk(delta: Any = None, **choice: Any) -> bytes:
-    return orjson.dumps({"id": "gen-1", "choices": [
-        {"index": 0, "delta": delta if delta is not None else {"content": "x"}, **choice}]})
-
-
-ODD_EVENTS: dict[str, bytes] = {
-    "not JSON": b"{oops",
-    "not an object": b"[1]",
-    "error event": orjson.dumps({"error": {"code": 502, "message": "provider went away"},
-                                 "usage": {"prompt_tokens": 3}}),
-    "error null": orjson.dumps({"error": None, "choices": [{"delta": {"content": "x"}}]}),
-    "finish_reason error": _chunk(finish_reason="error", error={"code": 429, "message": "slow"}),
-    "choices null": orjson.dumps({"id": "gen-2", "choices": None, "model": "m2"}),
-    "choices an object": orjson.dumps({"choices": {"delta": {}}}),
-    "delta a string": _chunk("x"),
-    "delta empty list": _chunk([]),
-    "content a number": _chunk({"content": 5, "reasoning": " more"}),
-    "reasoning details": _chunk({"reasoning_details": [{"text": " det"}, {"data": "enc"}]}),
-    "tool call pieces": _chunk({"tool_calls": [
-        {"index": 0, "id": "c1", "function": {"name": "get_", "arguments": "{\"ci"}},
-        {"index": 0, "function": {"name": "weather", "arguments": "ty\": 1}"}}]}),
-    "tool calls not a list": _chunk({"tool_calls": {"index": 0}}),
-    "token ids": _chunk(token_ids=[1, 2, 3]),
-    "token ids not numbers": _chunk(token_ids=["a"]),
-    "logprobs": _chunk(logprobs={"content": [ENTRY, {"token": "b", "bytes": None}]}),
-    "logprob entry not an object": _chunk(logprobs={"content": [ENTRY, "junk"]}),
-    "logprob bytes out of range": _chunk(logprobs={"content": [ENTRY, {"bytes": [300]}]}),
-    "usage in a middle chunk": orjson.dumps({"choices": [], "usage": {"prompt_tokens": 9}}),
-    "unknown fields": orjson.dumps({"id": "gen-1", "object": "chat.completion.chunk",
-                                    "created": 1, "x": {"y": [1]}, "choices": [
-                                        {"index": 0, "delta": {"content": "x", "new": 1},
-                                         "native_finish_reason": None, "finish_reason": None}]}),
-}
-
-
-@pytest.mark.parametrize("name", sorted(ODD_EVENTS))
-def test_odd_events_read_as_the_generic_reading_reads_them(name: str) -> None:
-    stream = _sse(ODD_EVENTS[name])
-    typed = _streamed(TypedStreamAccumulator, stream)
-    assert typed == _streamed(StreamAccumulator, stream)
-    if name == "error event":
-        assert typed[:3] == ("error", "provider_error", "provider went away")
-
-
-def test_events_with_unknown_fields_take_the_typed_reading() -> None:
-    for name in ("unknown fields", "logprobs", "tool call pieces", "usage in a middle chunk"):
-        decoded = wire.decode_completion(ODD_EVENTS[name])
-        assert decoded is not None and not decoded.error, name

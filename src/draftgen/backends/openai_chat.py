@@ -3,11 +3,12 @@
 JSON and SSE answers; reasoning read from `reasoning`, `reasoning_content` or
 `reasoning_details`; errors inside a 200 body or an SSE event are errors, not answers.
 
-Two readings of the same answer: `answer_from_body` and `TypedStreamAccumulator` decode the
-bytes into the `wire` types (what `send` uses: less CPU per answer), and fall back to the generic
-reading, `answer_from_json` and `StreamAccumulator` (orjson, dict lookups, lenient about field
-types), for any body those types do not describe; the generic reading is the reference for
-what is kept and for every error.
+A whole answer is read twice over: `answer_from_body` decodes its bytes into the `wire` types
+(what `send` uses: less event-loop CPU per answer with logprobs), and falls back to the generic
+reading, `answer_from_json` (orjson, dict lookups, lenient about field types), for any body those
+types do not describe; the generic reading is the reference for what is kept and for every
+error. Streams are read generically (`StreamAccumulator`): decoding each event into the types
+saved ~30 % of the parse alone but nothing measurable in a whole run (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class OpenAIChatBackend(Backend):
                     # Not a stream: an error body sent with 200, or a server that ignores
                     # "stream": read it as the JSON answer it is.
                     return answer_from_body(await resp.read(), resp.headers)
-                acc = TypedStreamAccumulator(request_id=resp.headers.get("X-Generation-Id"))
+                acc = StreamAccumulator(request_id=resp.headers.get("X-Generation-Id"))
                 # Whatever arrived, split into lines here: an await per network read instead
                 # of one per SSE line (about 3x less event-loop time per streamed answer).
                 async for data in resp.content.iter_any():
@@ -150,13 +151,13 @@ def _reasoning_of(message: Mapping[str, Any]) -> str | None:
     return _details_text(message.get("reasoning_details"))
 
 
-def _said_reasoning(said: wire.Said) -> str | None:
-    """`_reasoning_of` a decoded message or delta (its text fields are str or None)."""
-    if said.reasoning is not None:
-        return said.reasoning
-    if said.reasoning_content is not None:
-        return said.reasoning_content
-    return _details_text(wire.value(said.reasoning_details))
+def _message_reasoning(message: wire.Message) -> str | None:
+    """`_reasoning_of` a decoded message (its text fields are str or None)."""
+    if message.reasoning is not None:
+        return message.reasoning
+    if message.reasoning_content is not None:
+        return message.reasoning_content
+    return _details_text(wire.value(message.reasoning_details))
 
 
 def _details_text(details: Any) -> str | None:
@@ -201,18 +202,17 @@ def _logprobs_of(choice: Mapping[str, Any], into: LogprobTokens | None = None
     return out
 
 
-def _decoded_logprobs(logprobs: wire.Logprobs | None, into: LogprobTokens | None = None
-                      ) -> LogprobTokens | None:
+def _decoded_logprobs(logprobs: wire.Logprobs | None) -> LogprobTokens | None:
     """`_logprobs_of` a decoded choice's `logprobs`: a column at a time."""
     if logprobs is None or logprobs.content is None:
         return None
-    out = into if into is not None else LogprobTokens()
     entries = logprobs.content
-    out.tokens.extend([e.token for e in entries])
-    out.bytes.extend([None if e.bytes is None else bytes(e.bytes) for e in entries])
-    out.ids.extend([e.id for e in entries])
-    out.logprobs.extend([e.logprob for e in entries])
-    return out
+    return LogprobTokens(
+        tokens=[e.token for e in entries],
+        bytes=[None if e.bytes is None else bytes(e.bytes) for e in entries],
+        ids=[e.id for e in entries],
+        logprobs=[e.logprob for e in entries],
+    )
 
 
 def _bad_bytes(content: list[Any], entry: Any) -> BackendError:
@@ -255,7 +255,7 @@ def answer_from_json(data: Any, headers: Mapping[str, str]) -> RawAnswer:
     return answer
 
 
-_NOTHING_SAID = wire.Said()
+_EMPTY_MESSAGE = wire.Message()
 
 
 def answer_from_body(raw: bytes, headers: Mapping[str, str]) -> RawAnswer:
@@ -266,9 +266,9 @@ def answer_from_body(raw: bytes, headers: Mapping[str, str]) -> RawAnswer:
         return answer_from_json(parse_json_body(raw), headers)
     choice = body.choices[0]
     _check_finish(choice.finish_reason, wire.value(choice.error))
-    message = choice.message or _NOTHING_SAID
+    message = choice.message or _EMPTY_MESSAGE
     answer = RawAnswer(
-        reasoning=_said_reasoning(message),
+        reasoning=_message_reasoning(message),
         content=message.content,
         tool_calls=wire.value(message.tool_calls) or None,
         finish_reason=choice.finish_reason,
@@ -325,8 +325,7 @@ class StreamAccumulator:
         if last:
             self._partial.append(last)
         feed_line = self.feed_line
-        # A line of one byte at most ("" or "\r": the blank line after each event) says nothing.
-        return any(feed_line(line) for line in lines if len(line) > 1)
+        return any(feed_line(line) for line in lines)
 
     def feed_end(self) -> bool:
         """The stream ended: take its last line if it had no newline."""
@@ -345,16 +344,12 @@ class StreamAccumulator:
         if payload == b"[DONE]":
             self.done = True
             return True
-        self._take_payload(payload)
-        return False
-
-    def _take_payload(self, payload: bytes) -> None:
-        """One event's JSON."""
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
             raise BackendError("bad_response", "stream chunk is not JSON", retryable=True) from None
         self._take_chunk(chunk)
+        return False
 
     def _take_chunk(self, chunk: Any) -> None:
         if not isinstance(chunk, dict):
@@ -424,48 +419,3 @@ class StreamAccumulator:
         check_not_empty(answer)
         return answer
 
-
-class TypedStreamAccumulator(StreamAccumulator):
-    """A `StreamAccumulator` that decodes each event into the `wire` types (~100 events per
-    answer, on the event loop), and hands an event those types do not describe (an error
-    event, a field of another type) to the generic reading."""
-
-    def _take_payload(self, payload: bytes) -> None:
-        chunk = wire.decode_completion(payload)
-        if chunk is None or chunk.error:
-            super()._take_payload(payload)
-            return
-        # The last non-null value of each of `_CHUNK_FIELDS`; one test per field, as this runs
-        # for every event.
-        data = self.data
-        if chunk.id is not None:
-            data["id"] = chunk.id
-        if chunk.model is not None:
-            data["model"] = chunk.model
-        if chunk.provider is not None:
-            data["provider"] = chunk.provider
-        if chunk.usage and (usage := wire.value(chunk.usage)) is not None:
-            data["usage"] = usage
-        for choice in chunk.choices or ():
-            self._take_decoded_choice(choice)
-
-    def _take_decoded_choice(self, choice: wire.Choice) -> None:
-        """`_take_choice` of a decoded choice."""
-        delta = choice.delta
-        if delta is not None:
-            reasoning = _said_reasoning(delta)
-            if reasoning:
-                self.reasoning.append(reasoning)
-            if delta.content is not None:
-                self.content.append(delta.content)
-            if delta.tool_calls:
-                for call in wire.value(delta.tool_calls) or ():
-                    self._merge_tool_call(call)
-        if choice.token_ids is not None:
-            self.token_ids.extend(choice.token_ids)
-        if choice.logprobs is not None:
-            _decoded_logprobs(choice.logprobs, into=self.logprobs)
-        finish_reason = choice.finish_reason
-        if finish_reason:
-            self.finish_reason = finish_reason
-            _check_finish(finish_reason, wire.value(choice.error))
