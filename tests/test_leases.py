@@ -13,6 +13,7 @@ import pytest
 
 from draftgen.budget import Ledger
 from draftgen.config import Price, load_config
+from draftgen.runner import Runner, prepare
 from draftgen.scale.leases import (
     STALE_S,
     USD,
@@ -24,9 +25,9 @@ from draftgen.scale.leases import (
     ShardLease,
     tokens_key,
 )
-from draftgen.scale.shards import ShardSpec
+from draftgen.scale.shards import ShardSpec, run_folders
 from draftgen.testing.server import TestServer
-from tests.e2e_helpers import fast_backend, write_config
+from tests.e2e_helpers import fast_backend, read_records, write_config
 from tests.shard_helpers import (
     SERVER,
     assert_each_answered_once,
@@ -331,4 +332,25 @@ def test_four_shard_processes_share_a_token_budget(tmp_path: Path, qwen3_dir: Pa
           f"{sum(r['finish_reason'] == 'length' for r in records)} cut to what was left")
     assert all(s.startswith("completed") for s in statuses), statuses  # skipped, not stopped
     assert budget - 64 < spent <= budget  # less than one useful answer (64 tokens) left
+    assert len({r["id"] for r in records}) == len(records) < len(rows)
+
+
+@pytest.mark.slow
+def test_an_unsharded_run_after_shards_counts_their_spend(tmp_path: Path, qwen3_dir: Path
+                                                          ) -> None:
+    """Shard 0 of 2 spends part of the budget; the run then goes on unsharded (no pool): the
+    budget is the whole run's, so the shard's spend counts against it."""
+    rows = uneven_rows([20, 60])
+    budget = 0.02  # shard 0's 20 answers spend ~$0.008; the 60 left would need ~$0.024
+    with TestServer(latency_s=0.02, **SERVER) as server:
+        config = sharded_config(tmp_path, qwen3_dir, server.url, rows, budget_usd=budget,
+                                concurrency=4)
+        cfg = load_config(config)
+        shard = asyncio.run(Runner(prepare(cfg, shard=ShardSpec(0, 2))).execute())
+        rest = asyncio.run(Runner(prepare(cfg)).execute())
+    assert (shard.status, rest.status) == ("completed", "budget"), rest.message
+    records = [r for folder in run_folders(tmp_path / "run") for r in read_records(folder, "d")]
+    spent, worst = spend(records), worst_case_usd(records)
+    assert spent <= budget + 1e-9  # the shard's spend was counted: no overshoot
+    assert spent >= budget - worst
     assert len({r["id"] for r in records}) == len(records) < len(rows)

@@ -32,7 +32,15 @@ from draftgen.formats import Format, FormatError, get_format
 from draftgen.perf import tuned_gc
 from draftgen.probe import ProbeOptions, gate_backends
 from draftgen.progress import DatasetCounters, ProgressDisplay, RunCounters
-from draftgen.scale.leases import POLL_S, USD, BudgetPool, ShardLease, tokens_key
+from draftgen.scale.leases import (
+    POLL_S,
+    USD,
+    BudgetPool,
+    ShardLease,
+    run_totals,
+    spend_in_folder,
+    tokens_key,
+)
 from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
 from draftgen.store import RunLayout, RunLock, Store, StoreError, scan_dataset
@@ -166,6 +174,25 @@ class Runner:
             if counters.done_before or counters.exhausted:
                 log.info("%s: resuming: %d done, %d out of attempts, %d to go", ds.name,
                          counters.done_before, counters.exhausted, len(queue))
+        if elsewhere and self.lease is None:
+            self._count_spend_elsewhere(elsewhere)
+
+    def _count_spend_elsewhere(self, folders: list[Path]) -> None:
+        """An unsharded run whose run folder also holds shard folders (a run sharded before):
+        what they spent counts against the run's budgets, which are the whole run's. (Shards
+        count each other's spend through their budget pool.)"""
+        totals = run_totals(self.cfg)
+        if not totals:
+            return
+        for folder in folders:
+            spent = spend_in_folder(folder, totals)
+            self.ledger.add_spent(spent.get(USD, 0.0))
+            for name, budget in self.ledger.datasets.items():
+                budget.spent_tokens += int(spent.get(tokens_key(name), 0))
+            if any(spent.values()):
+                log.info("%s: its spend counts against this run's budgets (%s)", folder,
+                         ", ".join(f"{k} {v:,.4f}" if k == USD else f"{k} {v:,.0f}"
+                                   for k, v in spent.items() if v))
 
     def _other_run_folders(self) -> list[Path]:
         """The run's other folders (the unsharded root, other shards), whose answers count."""
