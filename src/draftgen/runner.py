@@ -38,13 +38,19 @@ from draftgen.scale.leases import (
     BudgetPool,
     ShardLease,
     run_totals,
-    spend_in_folder,
+    spend_of,
     tokens_key,
 )
 from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
 from draftgen.store import RunLayout, RunLock, Store, StoreError, scan_dataset
-from draftgen.store.resume import DatasetOnDisk, DoneIds, done_elsewhere
+from draftgen.store.resume import (
+    DatasetOnDisk,
+    DoneIds,
+    StoredElsewhere,
+    done_elsewhere,
+    read_elsewhere,
+)
 from draftgen.store.runinfo import end_session, record_datasets, start_session
 from draftgen.tokenize import OffLoopBatcher, Tokenizer, load_tokenizer, self_check
 from draftgen.types import BackendError, Prompt, RawAnswer, Rebuilt
@@ -136,6 +142,9 @@ class Runner:
         self.lease = ShardLease.for_run(self.cfg, plan.shard, self.ledger, pool)
         """A shard's lease on the run's shared budget (`pool`, by default the run folder's
         file pool); None for unsharded runs."""
+        self.elsewhere: list[StoredElsewhere] = []
+        """What the run's other folders (other shards, the unsharded root) hold, read once by
+        the resume scan."""
         self.prices: dict[str, Price | None] = {}
         self.session = 0
         self._next_dataset = 0
@@ -155,7 +164,7 @@ class Runner:
         """Queue every prompt not yet answered (here or in another folder of the same run),
         not out of attempts and within its budget."""
         limits = {d.name: d for d in self.cfg.datasets}
-        elsewhere = self._other_run_folders()
+        self.elsewhere = elsewhere = [read_elsewhere(f) for f in self._other_run_folders()]
         for ds in self.plan.datasets:
             ds.prompts.save_cache()
             _warn_bad_rows(ds)
@@ -177,20 +186,20 @@ class Runner:
         if elsewhere and self.lease is None:
             self._count_spend_elsewhere(elsewhere)
 
-    def _count_spend_elsewhere(self, folders: list[Path]) -> None:
+    def _count_spend_elsewhere(self, elsewhere: list[StoredElsewhere]) -> None:
         """An unsharded run whose run folder also holds shard folders (a run sharded before):
         what they spent counts against the run's budgets, which are the whole run's. (Shards
         count each other's spend through their budget pool.)"""
         totals = run_totals(self.cfg)
         if not totals:
             return
-        for folder in folders:
-            spent = spend_in_folder(folder, totals)
+        for stored in elsewhere:
+            spent = spend_of(stored, totals)
             self.ledger.add_spent(spent.get(USD, 0.0))
             for name, budget in self.ledger.datasets.items():
                 budget.spent_tokens += int(spent.get(tokens_key(name), 0))
             if any(spent.values()):
-                log.info("%s: its spend counts against this run's budgets (%s)", folder,
+                log.info("%s: its spend counts against this run's budgets (%s)", stored.folder,
                          ", ".join(f"{k} {v:,.4f}" if k == USD else f"{k} {v:,.0f}"
                                    for k, v in spent.items() if v))
 
@@ -251,7 +260,7 @@ class Runner:
         if self.probe is None:
             return True
         gate = await gate_backends(self.plan, backends, self.probe, self.store.layout.run_json,
-                                   [f / "run.json" for f in self._other_run_folders()])
+                                   [s.folder / "run.json" for s in self.elsewhere])
         self.ledger.add_spent(gate.cost_usd)
         if gate.refused:
             self._fatal = gate.refused
@@ -276,7 +285,7 @@ class Runner:
             except OSError as e:  # the resume scan repairs files: a read-only or full disk
                 raise StoreError(f"{self.root}: cannot prepare the run folder: {e}") from None
             if self.lease:
-                await self.lease.adopt(self._other_run_folders())
+                await self.lease.adopt(self.elsewhere)
             record_datasets(self.store.layout.run_json, self._dataset_totals())
             with tuned_gc():
                 outcome = await self._run_backends()

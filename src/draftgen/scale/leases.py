@@ -52,8 +52,8 @@ import pydantic
 from draftgen.budget import Ledger
 from draftgen.config import RunConfig
 from draftgen.scale.shards import ShardSpec, shard_of_folder
-from draftgen.store import RunLayout, StoreError
-from draftgen.store.fast_index import load_index_columns
+from draftgen.store import StoreError
+from draftgen.store.resume import StoredElsewhere
 
 log = logging.getLogger("draftgen")
 
@@ -335,11 +335,10 @@ class ShardLease:
 
     # ---- start and end ------------------------------------------------------------------
 
-    async def adopt(self, other_folders: list[Path]) -> None:
+    async def adopt(self, others: list[StoredElsewhere]) -> None:
         """Take (or re-take) this shard's lease, from the spend the ledger found on disk; the
-        spend in the run's other folders is reported too (read-only)."""
-        elsewhere = await asyncio.to_thread(
-            lambda: {_pool_name(f): spend_in_folder(f, self.totals) for f in other_folders})
+        spend stored in the run's other folders is reported too."""
+        elsewhere = {_pool_name(s.folder): spend_of(s, self.totals) for s in others}
         held = await self.pool.adopt(self.name, self.totals, self._committed(), elsewhere)
         self._apply(held)
         self.adopted = True
@@ -437,21 +436,14 @@ class ShardLease:
                 self.ledger.set_token_limit(resource.removeprefix("tokens:"), int(amount))
 
 
-def spend_in_folder(folder: Path, totals: dict[str, float]) -> dict[str, float]:
-    """What a run folder's stored answers spent of each shared budget. Read-only: another
-    shard may be writing there now; an unreadable dataset counts as nothing (with a warning)."""
-    layout = RunLayout(folder)
+def spend_of(stored: StoredElsewhere, totals: dict[str, float]) -> dict[str, float]:
+    """What another folder of the run spent, by its stored answers, of each shared budget."""
     spent = dict.fromkeys(totals, 0.0)
-    for dataset in layout.dataset_names():
-        try:
-            rows = load_index_columns(layout, dataset).rows
-        except (OSError, ValueError) as e:
-            log.warning("%s: cannot read the spend of %s (%s); not counted", folder, dataset, e)
-            continue
-        if USD in spent:
-            spent[USD] += float(rows["cost"].sum())
+    if USD in spent:
+        spent[USD] = sum(stored.cost.values())
+    for dataset, tokens in stored.output_tokens.items():
         if tokens_key(dataset) in spent:
-            spent[tokens_key(dataset)] += float(rows["out"].sum())
+            spent[tokens_key(dataset)] = float(tokens)
     return spent
 
 

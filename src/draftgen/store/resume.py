@@ -156,19 +156,39 @@ def _completed_from_json(layout: RunLayout, dataset: str, into: DatasetOnDisk) -
     into.done = DoneIds.of(done)
 
 
-def done_elsewhere(folders: Iterable[Path], dataset: str) -> DoneIds:
-    """The IDs answered in other run folders of the same run (other shards, the unsharded
-    root). Read-only: nothing there is repaired or locked, and a tail being written (or torn)
-    right now is left out."""
-    found: list[np.ndarray] = []
-    for folder in folders:
+@dataclass
+class StoredElsewhere:
+    """Another folder of the same run (another shard, the unsharded root), read once: per
+    dataset on disk, its answered ID hashes, output tokens and cost."""
+
+    folder: Path
+    ids: dict[str, np.ndarray] = field(default_factory=dict)
+    output_tokens: dict[str, int] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
+
+
+def read_elsewhere(folder: Path) -> StoredElsewhere:
+    """What another run folder of the same run holds. Read-only: nothing there is repaired or
+    locked, and a tail being written (or torn) right now is left out; a dataset that cannot be
+    read counts as nothing (with a warning)."""
+    layout = RunLayout(folder)
+    stored = StoredElsewhere(Path(folder))
+    for dataset in layout.dataset_names():
         try:
-            columns = load_index_columns(RunLayout(folder), dataset)
+            rows = load_index_columns(layout, dataset).rows
         except (OSError, ValueError) as e:
-            log.warning("%s: cannot read its answers of %s (%s); not counted as done",
-                        folder, dataset, e)
+            log.warning("%s: cannot read its answers of %s (%s); not counted", folder, dataset,
+                        e)
             continue
-        found.append(columns.rows["idh"])
+        stored.ids[dataset] = rows["idh"]
+        stored.output_tokens[dataset] = int(rows["out"].sum())
+        stored.cost[dataset] = float(rows["cost"].sum())
+    return stored
+
+
+def done_elsewhere(stored: Iterable[StoredElsewhere], dataset: str) -> DoneIds:
+    """The IDs of `dataset` answered in the run's other folders."""
+    found = [s.ids[dataset] for s in stored if dataset in s.ids]
     return DoneIds(np.concatenate(found) if found else None)
 
 
