@@ -40,16 +40,16 @@ class Gate:
     """Spent by this probe (reused results cost nothing)."""
 
 
-def stored_results(run_json: Path, *more: Path) -> dict[str, BackendProbe]:
-    """The probe results stored in `run_json`; for a backend it has none of, the first found
-    in `more` (the run.json of the run's other folders: shards probe once per run, not once
-    per shard). Whether a result is still valid is `core.reusable`'s call, by its key."""
+def stored_results(*run_jsons: Path) -> dict[str, BackendProbe]:
+    """The probe results stored in these run.json files, a later file's replacing an
+    earlier's for the same backend. Whether a result is still valid is `core.reusable`'s
+    call, by its key."""
     out: dict[str, BackendProbe] = {}
-    for path in (run_json, *more):
+    for path in run_jsons:
         backends = read_probe(path).get("backends")
         for name, data in backends.items() if isinstance(backends, dict) else ():
             result = BackendProbe.from_dict(data)
-            if result is not None and name not in out:
+            if result is not None:
                 out[name] = result
     return out
 
@@ -112,10 +112,11 @@ def _gate_record(dropped: Mapping[str, str], refused: str | None, cost: float,
 async def gate_backends(plan: Plan, backends: list[Backend], opts: ProbeOptions,
                         run_json: Path, shared_from: Sequence[Path] = ()) -> Gate:
     """Probe the started `backends` (or reuse results stored in `run_json`, else in the
-    run.json files of `shared_from`), record the results in run.json, and remove from
-    `backends` (closing them) those that may not serve this run."""
+    run.json files of `shared_from`, the run's other folders: shards probe once per run, not
+    once per shard), record the results in run.json, and remove from `backends` (closing
+    them) those that may not serve this run."""
     own = stored_results(run_json)
-    stored = stored_results(run_json, *shared_from)
+    stored = {**stored_results(*reversed(shared_from)), **own}
     results = await probe_all(plan.fmt, plan.cfg, backends, opts, stored)
     dropped = decide(results, dataset_needs(plan))
     refused = refusal(dropped, results) if len(dropped) == len(backends) else None
