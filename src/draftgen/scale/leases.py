@@ -72,8 +72,17 @@ NEED_MARGIN = 1e-9
 the ledger's cannot deny a request that the grant was meant to cover."""
 
 
+TOKENS_PREFIX = "tokens:"
+
+
 def tokens_key(dataset: str) -> str:
-    return f"tokens:{dataset}"
+    """The pool's name for a dataset's output-token budget."""
+    return f"{TOKENS_PREFIX}{dataset}"
+
+
+def dataset_of(key: str) -> str:
+    """The dataset of a `tokens_key`."""
+    return key.removeprefix(TOKENS_PREFIX)
 
 
 class PoolError(StoreError):
@@ -425,7 +434,7 @@ class ShardLease:
             if resource == USD:
                 out[resource] = self.ledger.committed_usd()
             else:
-                out[resource] = self.ledger.committed_tokens(resource.removeprefix("tokens:"))
+                out[resource] = self.ledger.committed_tokens(dataset_of(resource))
         return out
 
     def _apply(self, held: dict[str, float]) -> None:
@@ -433,7 +442,7 @@ class ShardLease:
             if resource == USD:
                 self.ledger.usd = amount
             else:
-                self.ledger.set_token_limit(resource.removeprefix("tokens:"), int(amount))
+                self.ledger.set_token_limit(dataset_of(resource), int(amount))
 
 
 def spend_of(stored: StoredElsewhere, totals: dict[str, float]) -> dict[str, float]:
