@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import sys
 import types
 from pathlib import Path
@@ -230,3 +231,36 @@ def test_logprob_ids_and_unknown_tokens(qwen3_tok: Tokenizer) -> None:
     assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="token_id:151645")]) == [151645]
     assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="Hello")]) == [9707]
     assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="x", bytes=[0xFF, 0xFE, 0xFD])]) is None
+
+
+# ---- text_of: decode through the byte table ---------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["qwen3", "deepseek"])
+def test_text_of_is_decode(which: str, qwen3_tok: Tokenizer) -> None:
+    """The byte join gives decode's text for real answers and for random ID runs, including
+    runs cut inside a character (those go through decode)."""
+    tok = qwen3_tok if which == "qwen3" else cached_tokenizer(str(deepseek_r1_tokenizer_dir()))
+    assert tok._joins_like_decode()
+    texts = ["<think>\nplan: héllo 世界 🚀</think>\n\nAnswer:\t```py\nx = {'a': 1}\n```<|im_end|>",
+             " leading space,  two spaces . , ! ? n't", "\n\n\n", "é"]
+    rng = random.Random(7)
+    samples = [tok.encode(t) for t in texts]
+    samples += [[rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 40))]
+                for _ in range(300)]
+    samples += [tok.encode("🚀 世界")[:k] for k in range(1, 6)]  # cut inside characters
+    for ids in samples:
+        assert tok.text_of(ids) == tok.decode(ids), ids
+
+
+def test_text_of_falls_back_when_decode_is_not_a_join(qwen3_dir: Path, tmp_path: Path) -> None:
+    """A decoder that strips the leading space (as SentencePiece's does) is not a join: the
+    check finds it, and text_of gives decode's text."""
+    data = json.loads((qwen3_dir / "tokenizer.json").read_text())
+    data["decoder"] = {"type": "Sequence", "decoders": [
+        data["decoder"], {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    tok = load_tokenizer(tmp_path / "tokenizer.json")
+    assert not tok._joins_like_decode()
+    ids = tok.encode(" Hello world")
+    assert tok.text_of(ids) == tok.decode(ids) == "Hello world"

@@ -102,6 +102,11 @@ def build_bytes_to_id(base_vocab: Mapping[str, int], added: Mapping[str, int]) -
 # ---- the interface -------------------------------------------------------------------------
 
 
+_JOIN_CHECKS = (" Hello world . , ! ? n't 'm 's", "Hello  world\n\n  x = [1, 2] ;",
+                "\u00e9t\u00e9 \u4f60\u597d \U0001f600 \u00a0 tab\there")
+"""Texts whose decoding tells a plain byte join from decoders that strip or clean up."""
+
+
 class Tokenizer(ABC):
     """What formats and the runner need from a tokenizer. `encode` adds no special tokens, and
     added-token strings ("<|im_end|>", "</think>") in the text map to their single IDs."""
@@ -114,6 +119,7 @@ class Tokenizer(ABC):
         self._sha256: str | None = None
         self._bytes_to_id: dict[bytes, int] | None = None
         self._id_to_bytes: dict[int, bytes] | None = None
+        self._join_checked: bool | None = None
 
     @property
     def sha256(self) -> str:
@@ -153,9 +159,46 @@ class Tokenizer(ABC):
 
     def id_to_bytes(self, token_id: int) -> bytes | None:
         """A vocabulary ID's bytes (the inverse of `bytes_to_id`), built once."""
+        return self._bytes_of_ids().get(token_id)
+
+    def _bytes_of_ids(self) -> dict[int, bytes]:
         if self._id_to_bytes is None:
             self._id_to_bytes = {v: k for k, v in self.bytes_to_id().items()}
-        return self._id_to_bytes.get(token_id)
+        return self._id_to_bytes
+
+    def text_of(self, ids: Sequence[int]) -> str:
+        """`decode(ids)`, read from the byte table when that gives the same text (checked once
+        per tokenizer, see `_joins_like_decode`): 4x faster for an answer, as it joins bytes
+        instead of running the tokenizer's decoder. IDs whose bytes are not whole UTF-8 text
+        (a cut character) or are not in the table go through `decode`."""
+        if self._joins_like_decode():
+            try:
+                return b"".join(map(self._bytes_of_ids().__getitem__, ids)).decode("utf-8")
+            except (KeyError, UnicodeDecodeError):
+                pass
+        return self.decode(ids)
+
+    def _joins_like_decode(self) -> bool:
+        """Whether the decoder is a plain join of the tokens' bytes (byte-level BPE): checked
+        on every added token, every 97th base token, and sentences where a SentencePiece
+        decoder would drop a leading space or a clean-up would join punctuation."""
+        if self._join_checked is None:
+            self._join_checked = self._check_join()
+        return self._join_checked
+
+    def _check_join(self) -> bool:
+        table = self._bytes_of_ids()
+        samples = [[i] for i in sorted(table)[::97]]
+        samples += [[i] for i in self._vocab_parts()[1].values()]
+        samples += [self.encode(text) for text in _JOIN_CHECKS]
+        for ids in samples:
+            try:
+                joined = b"".join(table[i] for i in ids).decode("utf-8")
+            except (KeyError, UnicodeDecodeError):
+                continue  # a token that is part of a character: nothing to compare
+            if joined != self.decode(ids):
+                return False
+        return True
 
 
 class FastTokenizer(Tokenizer):
@@ -298,6 +341,8 @@ def ids_from_logprobs(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
     ids = _entry_ids(tokenizer, columns)
     if ids is None:
         return None
+    if _bytes_match_ids(tokenizer, columns, ids):
+        return ids
     merged = _merged_entries(tokenizer, columns)
     if merged is None:
         return None
@@ -321,6 +366,19 @@ def _entry_ids(tokenizer: Tokenizer, columns: LogprobTokens) -> list[int] | None
             return None
         out.append(tid)
     return out
+
+
+def _bytes_match_ids(tokenizer: Tokenizer, columns: LogprobTokens, ids: list[int]) -> bool:
+    """The common case, in two joins: the entries' bytes, end to end, are the IDs' own bytes
+    end to end, so no entry carries bytes of a token it does not name (nothing held back;
+    whatever the entries' split, the IDs account for every byte)."""
+    if None in columns.bytes:
+        return False
+    try:
+        sent = b"".join(columns.bytes)  # type: ignore[arg-type]  # byte lists: TypeError
+        return sent == b"".join(map(tokenizer._bytes_of_ids().__getitem__, ids))
+    except (KeyError, TypeError):
+        return False
 
 
 _MAX_SPLITS = 64

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -202,16 +203,25 @@ def _logprobs_of(choice: Mapping[str, Any], into: LogprobTokens | None = None
     return out
 
 
+_TOKEN, _BYTES, _ID, _LOGPROB = (attrgetter(f) for f in ("token", "bytes", "id", "logprob"))
+
+
 def _decoded_logprobs(logprobs: wire.Logprobs | None) -> LogprobTokens | None:
-    """`_logprobs_of` a decoded choice's `logprobs`: a column at a time."""
+    """`_logprobs_of` a decoded choice's `logprobs`: a column at a time. ValueError when an
+    entry's `bytes` holds an integer that is not a byte value."""
     if logprobs is None or logprobs.content is None:
         return None
     entries = logprobs.content
+    byte_values: list[bytes | list[int] | None] = list(map(_BYTES, entries))
+    if None in byte_values:
+        byte_values = [None if b is None else bytes(b) for b in byte_values]
+    else:
+        byte_values = list(map(bytes, byte_values))  # type: ignore[arg-type]  # no None
     return LogprobTokens(
-        tokens=[e.token for e in entries],
-        bytes=[None if e.bytes is None else bytes(e.bytes) for e in entries],
-        ids=[e.id for e in entries],
-        logprobs=[e.logprob for e in entries],
+        tokens=list(map(_TOKEN, entries)),
+        bytes=byte_values,
+        ids=list(map(_ID, entries)),
+        logprobs=list(map(_LOGPROB, entries)),
     )
 
 
@@ -266,6 +276,10 @@ def answer_from_body(raw: bytes, headers: Mapping[str, str]) -> RawAnswer:
         return answer_from_json(parse_json_body(raw), headers)
     choice = body.choices[0]
     _check_finish(choice.finish_reason, wire.value(choice.error))
+    try:
+        logprobs = _decoded_logprobs(choice.logprobs)
+    except ValueError:  # not byte values: the generic reading names the entry
+        return answer_from_json(parse_json_body(raw), headers)
     message = choice.message or _EMPTY_MESSAGE
     answer = RawAnswer(
         reasoning=_message_reasoning(message),
@@ -278,7 +292,7 @@ def answer_from_body(raw: bytes, headers: Mapping[str, str]) -> RawAnswer:
         request_id=headers.get("X-Generation-Id") or body.id,
         output_ids=choice.token_ids,
         prompt_ids=body.prompt_token_ids,
-        logprobs=_decoded_logprobs(choice.logprobs),
+        logprobs=logprobs,
     )
     check_not_empty(answer)
     return answer

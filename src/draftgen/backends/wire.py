@@ -7,20 +7,19 @@ followed by dict lookups (docs/benchmarks.md, client throughput).
 
 The types are strict, and `decode_completion` gives None for a body they do not describe: not
 JSON, not an object, a field of another type, a logprob entry that is not an object or whose
-`bytes` are not byte values. The caller then reads that body with the generic parse (`orjson`
-and dict lookups), whose lenient rules and error messages stay the reference. Free-form values
+`bytes` are not integers (`openai_chat.answer_from_body` gives up on integers that are not byte
+values). The caller then reads that body with the generic parse (`orjson` and dict lookups),
+whose lenient rules and error messages stay the reference. Free-form values
 (tool calls, reasoning details, usage, errors) are kept as `msgspec.Raw` and parsed by
 `orjson` when read (`value`), exactly as the generic parse reads them.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 import orjson
-
-Byte = Annotated[int, msgspec.Meta(ge=0, le=255)]
 
 _ABSENT = msgspec.Raw()
 
@@ -29,7 +28,8 @@ class LogprobEntry(msgspec.Struct, gc=False):
     """One `logprobs.content[]` entry: the sampled token (its alternatives are not read)."""
 
     token: str = ""
-    bytes: tuple[Byte, ...] | None = None
+    bytes: tuple[int, ...] | None = None
+    """Byte values, checked when made `bytes` (a range check here costs more than that)."""
     id: int | None = None
     logprob: int | float | None = None
     """int or float as sent (the generic parse keeps an integral value an int)."""

@@ -272,7 +272,7 @@ class Format(ABC):
         ids = ids_from_logprobs(self.tokenizer, raw.logprobs or [], n)
         if ids is None:
             return None
-        decoded = self.tokenizer.decode(ids)
+        decoded = self.tokenizer.text_of(ids)
         found: list[int] | None = None
         for candidate in text.candidates:
             if decoded == candidate:
