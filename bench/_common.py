@@ -126,17 +126,23 @@ def run_child(cmd: Sequence[str], timeout_s: float = 900) -> dict[str, Any]:
 
 
 class PhaseMeter:
-    """Inside a child: wall and CPU seconds (this process, all threads) of the measured phase."""
+    """Inside a child: wall and CPU seconds (this process, all threads; with `children`, also
+    the processes it started and waited for) of the measured phase."""
+
+    def __init__(self, children: bool = False) -> None:
+        self.children = children
+
+    def _cpu_now(self) -> float:
+        who = [resource.RUSAGE_SELF] + ([resource.RUSAGE_CHILDREN] if self.children else [])
+        return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, who))
 
     def __enter__(self) -> PhaseMeter:
         self._wall = time.perf_counter()
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        self._cpu = r.ru_utime + r.ru_stime
+        self._cpu = self._cpu_now()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        self.cpu_s = r.ru_utime + r.ru_stime - self._cpu
+        self.cpu_s = self._cpu_now() - self._cpu
         self.wall_s = time.perf_counter() - self._wall
 
 

@@ -171,6 +171,23 @@ def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
             "other_threads_cpu_s": threads.other_s, "src": _draftgen_src()}
 
 
+def child_draftgen_procs(config: Path, procs: int) -> dict[str, Any]:
+    """`draftgen run --procs N`: N shard processes, started and waited for by this child."""
+    import math
+
+    from draftgen.config import load_config
+    from draftgen.scale.local import run_local
+    from draftgen.status import collect_status
+
+    with common.PhaseMeter(children=True) as m:
+        code = run_local(config, procs=procs, probe=None, progress_every_s=math.inf)
+    if code != 0:
+        raise SystemExit(f"draftgen run --procs {procs}: exit code {code}")
+    status = collect_status(Path(load_config(config).output_dir))
+    return {"answers": status.total.sums.done, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
+            "procs": procs, "src": _draftgen_src()}
+
+
 # ---- the parent -----------------------------------------------------------------------------
 
 
@@ -179,12 +196,13 @@ def _measure(kind: str, config: Path, args: argparse.Namespace, *, uvloop: bool 
     """One child run; `src`: import draftgen from that tree instead (PYTHONPATH). Each
     draftgen run starts on an empty output folder (else it would resume a finished run)."""
     cmd = [sys.executable, __file__, "--child", kind, "--config", str(config),
-           "--concurrency", str(args.concurrency), "--workers", str(args.workers)]
+           "--concurrency", str(args.concurrency), "--workers", str(args.workers),
+           "--procs", str(args.procs)]
     if uvloop:
         cmd.append("--uvloop")
     if src is not None:
         cmd = ["env", f"PYTHONPATH={src}", *cmd]  # env execs python: wait4 still measures it
-    if kind == "draftgen":
+    if kind in ("draftgen", "procs"):
         shutil.rmtree(config.parent / "run", ignore_errors=True)
     r = common.run_child(cmd)
     r["answers_s"] = r["answers"] / r["wall_s"]
@@ -211,6 +229,8 @@ def _measure_tree(config: Path, args: argparse.Namespace, src: Path | None, tag:
             f"draftgen{tag}": _measure("draftgen", config, args, src=src)}
     if args.uvloop:
         runs[f"draftgen+uvloop{tag}"] = _measure("draftgen", config, args, uvloop=True, src=src)
+    if args.procs > 1:
+        runs[f"draftgen --procs {args.procs}{tag}"] = _measure("procs", config, args, src=src)
     return runs
 
 
@@ -226,7 +246,8 @@ def _print_variant(variant: str, runs: dict[str, dict[str, Any]],
         print(_row("raw aiohttp (floor)", floor, floor, None))
         if pool is not None and not tag:
             print(_row(f"openai SDK, {args.workers} thr", pool, floor, None))
-        for name in (f"draftgen{tag}", f"draftgen+uvloop{tag}"):
+        for name in (f"draftgen{tag}", f"draftgen+uvloop{tag}",
+                     f"draftgen --procs {args.procs}{tag}"):
             if name in runs:
                 print(_row(name, runs[name], floor, pool), flush=True)
 
@@ -239,6 +260,8 @@ def main() -> int:
     p.add_argument("--variants", default="plain,logprobs,stream")
     p.add_argument("--uvloop", action="store_true", help="also run draftgen under uvloop")
     p.add_argument("--skip-sdk", action="store_true")
+    p.add_argument("--procs", type=int, default=2, help="also run `draftgen run --procs N` "
+                   "(N shard processes; 1: not measured)")
     p.add_argument("--baseline-src", type=Path, help="also measure the floor and draftgen "
                    "with the draftgen package of this tree (the `src` folder of an earlier "
                    "checkout): before/after in one run")
@@ -250,6 +273,8 @@ def main() -> int:
             common.emit(child_raw(args.config, args.concurrency))
         elif args.child == "sdk":
             common.emit(child_sdk(args.config, args.workers))
+        elif args.child == "procs":
+            common.emit(child_draftgen_procs(args.config, args.procs))
         else:
             common.emit(child_draftgen(args.config, args.uvloop))
         return 0

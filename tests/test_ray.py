@@ -12,8 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from draftgen.probe import ProbeOptions
 from draftgen.scale.leases import USD, FilePool
 from draftgen.store.lock import lock_holder
+from draftgen.store.runinfo import read_probe
 from draftgen.testing.server import TestServer
 from tests.e2e_helpers import wait_for_lines
 from tests.shard_helpers import (
@@ -39,10 +41,30 @@ def local_ray() -> Iterator[None]:
         ray.shutdown()
 
 
-def _run_on_ray(config: Path, shards: int) -> int:
+def _run_on_ray(config: Path, shards: int, probe: ProbeOptions | None = None) -> int:
     from draftgen.scale.ray_run import run_on_ray
 
-    return run_on_ray(config, shards=shards, probe=None)
+    return run_on_ray(config, shards=shards, probe=probe)
+
+
+def test_the_shards_on_ray_probe_once(local_ray: None, tmp_path: Path, qwen3_dir: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shard 0 probes; the others start after it and reuse its stored result."""
+    rows = uneven_rows([5, 5, 5])
+    with TestServer(latency_s=0.05, **SERVER) as server:
+        config = sharded_config(tmp_path, qwen3_dir, server.url, rows, budget_usd=None,
+                                concurrency=4)
+        config.write_text(config.read_text().replace(str(tmp_path / "run"), "run"))
+        monkeypatch.chdir(tmp_path)
+        assert _run_on_ray(config, 3, ProbeOptions()) == 0
+        sent = server.stats["requests"].get("chat", 0)
+    records = run_records(tmp_path / "run")
+    assert_each_answered_once(records, rows)
+    gates = {i: read_probe(tmp_path / "run" / "shards" / f"{i}-of-3" / "run.json")["last_gate"]
+             for i in range(3)}
+    assert gates[0]["reused"] == [] and list(gates[0]["verdicts"]) == ["or"], gates[0]
+    assert gates[1]["reused"] == gates[2]["reused"] == ["or"], gates
+    assert sent > len(rows)  # the probe's own requests: once, see the gates above
 
 
 def test_four_shards_on_ray_answer_every_prompt_once(local_ray: None, tmp_path: Path,

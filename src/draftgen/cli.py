@@ -149,6 +149,10 @@ def run(
         "stable ID hashes to I, written to OUTPUT_DIR/shards/I-of-N/, which resumes on its "
         "own. status, audit, export and report of OUTPUT_DIR read every shard as one run.")
         ] = None,
+    procs: Annotated[int | None, typer.Option(
+        "--procs", metavar="N", min=1, help="Run the config as N shard processes on this "
+        "machine (one client process is bound by one core), sharing the backends' "
+        "concurrency and the budgets; written as --shard runs are.")] = None,
     ray: Annotated[int | None, typer.Option(
         "--ray", metavar="N", min=1, help="Run the config as N shards on a Ray cluster "
         "(needs ray installed).")] = None,
@@ -170,6 +174,10 @@ def run(
         raise _fail("--probe and --no-probe contradict each other")
     probe = None if no_probe else ProbeOptions(force=force_probe)
     spec = _shard_spec(shard, ray, ray_address, dry_run)
+    if procs is not None:
+        _check_procs_options(spec, ray, dry_run)
+    if procs is not None and procs > 1:
+        raise typer.Exit(_run_local(config, procs, probe=probe, verbose=verbose))
     if ray is not None:
         raise typer.Exit(_run_on_ray(config, ray, ray_address,
                                      live=False if no_live else None, probe=probe))
@@ -216,6 +224,23 @@ def _shard_spec(shard: str | None, ray: int | None, ray_address: str | None,
     try:
         return ShardSpec.parse(shard) if shard is not None else None
     except ShardError as e:
+        raise _fail(str(e)) from None
+
+
+def _check_procs_options(spec: ShardSpec | None, ray: int | None, dry_run: bool) -> None:
+    if spec is not None or ray is not None:
+        raise _fail("--procs runs every shard itself: drop --shard and --ray")
+    if dry_run:
+        raise _fail("--dry-run sends nothing: drop --procs (or run --dry-run --shard I/N)")
+
+
+def _run_local(config: Path, procs: int, *, probe: ProbeOptions | None, verbose: bool) -> int:
+    """`run --procs N`: the exit status of the N shard processes."""
+    from draftgen.scale.local import run_local
+
+    try:
+        return run_local(config, procs=procs, probe=probe, verbose=verbose)
+    except _user_errors() as e:
         raise _fail(str(e)) from None
 
 

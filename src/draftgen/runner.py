@@ -150,6 +150,7 @@ class Runner:
         self._next_dataset = 0
         self._stopping = False
         self._aborting = False
+        self._starting: asyncio.Future[bool] | None = None
         self._fatal: str | None = None
         self._budget_stop: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -319,15 +320,12 @@ class Runner:
 
     async def _run_with(self, backends: list[Backend]) -> None:
         display_task: asyncio.Task[None] | None = None
+        self._install_signal_handlers()
         try:
-            for b in backends:
-                await b.start()
-            await self._resolve_prices(backends)
-            if not await self._probe_gate(backends):
+            if not await self._start_up(backends):
                 return
             display = ProgressDisplay(self.counters, live=self.live_display)
             display_task = asyncio.create_task(display.run())
-            self._install_signal_handlers()
             try:
                 await self._dispatch(BackendSlots(backends))
             except NoBackendLeft as e:
@@ -343,6 +341,26 @@ class Runner:
                     await display_task
             for b in backends:
                 await b.close()
+
+    async def _start_up(self, backends: list[Backend]) -> bool:
+        """Start the backends (a fleet may be waited for), price them, probe them. A stop asked
+        meanwhile cancels all this and the run ends having sent nothing (False), as does a
+        probe that leaves no backend."""
+        self._starting = asyncio.ensure_future(self._start_backends(backends))
+        try:
+            return await self._starting and not self._stopping
+        except asyncio.CancelledError:
+            if not self._stopping:  # cancelled from outside, not by request_stop
+                raise
+            return False
+        finally:
+            self._starting = None
+
+    async def _start_backends(self, backends: list[Backend]) -> bool:
+        for b in backends:
+            await b.start()
+        await self._resolve_prices(backends)
+        return await self._probe_gate(backends)
 
     def _outcome(self) -> Outcome:
         if self._fatal:
@@ -632,6 +650,8 @@ class Runner:
     # ---- stopping ------------------------------------------------------------------------
 
     def request_stop(self, now: bool = False) -> None:
+        if self._starting is not None:  # nothing of the run sent yet: stop starting
+            self._starting.cancel()
         if now or self._stopping:
             self._aborting = True
             self._stopping = True

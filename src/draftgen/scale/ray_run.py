@@ -2,9 +2,10 @@
 
 Ray places the tasks (one CPU each), re-runs a shard whose worker died (`max_retries`; the
 re-run resumes from the shard's folder, as `draftgen run CONFIG --shard I/N` run again would),
-and brings the workers' log lines to the driver. The budget pool is an actor on the driver's
-node that keeps the run folder's `budget_pool.json` (the file `--shard` runs share), so only
-that node touches the file and runs by hand and on Ray see the same leases.
+and brings the workers' log lines to the driver. Shard 0 starts first and the others once it has
+passed the probe gate, reusing its result (one probe per run). The budget pool is an actor on
+the driver's node that keeps the run folder's `budget_pool.json` (the file `--shard` runs
+share), so only that node touches the file and runs by hand and on Ray see the same leases.
 
 Every node must see the config, the datasets, the tokenizer and `output_dir` at the same paths
 (a shared filesystem) and have draftgen installed. This is the only module that imports Ray; the
@@ -13,26 +14,32 @@ CLI imports it only for `--ray`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from rich.console import Console
-from rich.table import Table
 
 from draftgen import perf
 from draftgen.config import ConfigError, load_config
 from draftgen.probe import ProbeOptions
-from draftgen.runner import Outcome, Runner, prepare
+from draftgen.runner import Runner, prepare
+from draftgen.scale.launch import (
+    ShardResult,
+    console,
+    exit_code_of,
+    print_ended,
+    print_progress,
+    print_table,
+    wait_for_probe,
+)
 from draftgen.scale.leases import BudgetPool, FilePool, PoolOp, PoolState, describe_pool
 from draftgen.scale.shards import ShardSpec
-from draftgen.status import StatusError, collect_status, summary_line
 
 T = TypeVar("T")
 
@@ -40,30 +47,6 @@ PROGRESS_EVERY_S = 60.0
 """How often the driver prints the whole run's progress while shards run."""
 MAX_RETRIES = 3
 """Re-runs of a shard whose worker process or node died (not of a shard that failed)."""
-
-console = Console(stderr=False, highlight=False)
-
-
-@dataclass(frozen=True, slots=True)
-class ShardResult:
-    shard: str
-    status: str
-    message: str = ""
-    answered: int = 0
-    """Prompts of the shard answered, all sessions."""
-    total: int = 0
-    failed: int = 0
-    cost_usd: float = 0.0
-    """This session's spend."""
-    exit_code: int = 1
-
-    @classmethod
-    def of(cls, spec: ShardSpec, outcome: Outcome) -> ShardResult:
-        if outcome.counters is None:
-            return cls(str(spec), outcome.status, outcome.message, exit_code=outcome.exit_code)
-        t = outcome.counters.total()
-        return cls(str(spec), outcome.status, outcome.message, t.done_before + t.done, t.total,
-                   t.failed, t.cost, outcome.exit_code)
 
 
 class PoolActor:
@@ -118,15 +101,26 @@ def run_on_ray(config_path: Path, *, shards: int, address: str | None = None,
         pool = RayPool(_pool_actor(Path(cfg.output_dir).resolve()))
         task = ray.remote(num_cpus=1)(run_shard).options(max_retries=max_retries,
                                                          retry_exceptions=False)
-        refs = {task.remote(str(config_path), i, shards, probe, pool, os.getcwd()):
-                ShardSpec(i, shards) for i in range(shards)}
-        results = _gather(refs, Path(cfg.output_dir), PROGRESS_EVERY_S)
+        run_root = Path(cfg.output_dir)
+
+        def start(i: int, probe: ProbeOptions | None) -> Any:
+            return task.remote(str(config_path), i, shards, probe, pool, os.getcwd())
+
+        since = time.time()
+        first = start(0, probe)
+        if probe is not None:  # the others reuse shard 0's probe: one probe per run
+            wait_for_probe(run_root, ShardSpec(0, shards), since,
+                           lambda: bool(ray.wait([first], timeout=0)[0]))
+            probe = dataclasses.replace(probe, force=False)
+        refs = {first: ShardSpec(0, shards)}
+        refs |= {start(i, probe): ShardSpec(i, shards) for i in range(1, shards)}
+        results = _gather(refs, run_root, PROGRESS_EVERY_S)
         lines = describe_pool(ray.get(pool.actor.apply.remote(PoolState.snapshot)))
     finally:
         if started_ray:
             ray.shutdown()
-    _print_table(results, lines, cfg.output_dir)
-    return next((r.exit_code for r in results if r.exit_code != 0), 0)
+    print_table(results, lines, cfg.output_dir)
+    return exit_code_of(results)
 
 
 def _pool_actor(run_root: Path) -> Any:
@@ -150,7 +144,7 @@ def _gather(refs: dict[Any, ShardSpec], run_root: Path, progress_every_s: float
     while pending:
         if time.monotonic() - last_progress >= progress_every_s:
             last_progress = time.monotonic()
-            _print_progress(run_root)
+            print_progress(run_root)
         try:  # a timeout keeps the driver responsive to Ctrl-C
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
         except KeyboardInterrupt:  # each shard gets a SIGINT: stop, then abort on a second
@@ -163,19 +157,8 @@ def _gather(refs: dict[Any, ShardSpec], run_root: Path, progress_every_s: float
             continue
         result = _result(ready[0], refs[ready[0]])
         done[result.shard] = result
-        console.print(f"shard {result.shard}: {result.status} after "
-                      f"{time.monotonic() - started:.0f}s "
-                      f"({result.answered:,}/{result.total:,} answered)")
+        print_ended(result, time.monotonic() - started)
     return [done[str(spec)] for spec in refs.values()]
-
-
-def _print_progress(run_root: Path) -> None:
-    """The run's status in one line, read from the shard folders as `draftgen status` does."""
-    try:
-        line = summary_line(collect_status(run_root))
-    except (OSError, StatusError) as e:  # a folder being created right now: next time
-        line = f"(status not readable yet: {e})"
-    console.print(f"{time.strftime('%H:%M:%S')} {line}")
 
 
 def _result(ref: Any, spec: ShardSpec) -> ShardResult:
@@ -188,16 +171,3 @@ def _result(ref: Any, spec: ShardSpec) -> ShardResult:
         return ShardResult(str(spec), "failed", f"{type(cause).__name__}: {cause}")
     except RayError as e:  # its worker or node died more often than max_retries
         return ShardResult(str(spec), "failed", f"{type(e).__name__}: {str(e).splitlines()[0]}")
-
-
-def _print_table(results: list[ShardResult], pool_lines: list[str], output_dir: str) -> None:
-    table = Table(title=f"{len(results)} shards → {output_dir}")
-    for column in ("shard", "status", "answered", "failed", "cost now", "message"):
-        table.add_column(column, justify="right" if column in ("answered", "failed",
-                                                                "cost now") else "left")
-    for r in results:
-        table.add_row(r.shard, r.status, f"{r.answered:,}/{r.total:,}", f"{r.failed:,}",
-                      f"${r.cost_usd:.4f}", r.message)
-    console.print(table)
-    for line in pool_lines:
-        console.print(line)
