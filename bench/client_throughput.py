@@ -14,6 +14,9 @@ getrusage inside the child around the measured phase (CPU seconds, all threads):
 - draftgen: `Runner.execute()` on a run.yaml with one openrouter backend at CONCURRENCY:
   rendering, sending, reconstruction + tokenization (or IDs from logprobs), store + index +
   journal, progress counters, budget ledger.
+- draftgen --procs N: `draftgen run --procs N` (`scale.local.run_local`): the run as N shard
+  processes sharing the concurrency; CPU of the child and of the processes it waited for, their
+  start included.
 
 Variants: logprobs off, logprobs on, streaming (logprobs off). Before each variant a warm-up
 pass fills the server's answer cache, so the server spends as little CPU as it can.
@@ -23,8 +26,9 @@ the draftgen package of DIR (the `src` folder of an earlier checkout, put first 
 of those children; the floor then sends that tree's request bodies). Each draftgen row also
 gives its event-loop thread's CPU per answer ("loop").
 
-    /work/venv/bin/python bench/client_throughput.py [--n 20000] [--concurrency 2000]
-        [--variants plain,logprobs,stream] [--uvloop] [--skip-sdk] [--baseline-src DIR]
+    python bench/client_throughput.py [--n 20000] [--concurrency 2000]
+        [--variants plain,logprobs,stream] [--uvloop] [--procs N] [--repeat R] [--skip-sdk]
+        [--baseline-src DIR]
 """
 
 from __future__ import annotations
@@ -217,21 +221,39 @@ def _row(name: str, r: dict[str, Any], floor: dict[str, Any], pool: dict[str, An
         ratio += f", {r['answers_s'] / pool['answers_s']:.2f}× sdk"
     loop = (f"  loop {r['main_thread_cpu_s'] / r['answers'] * 1000:.2f} ms/answer"
             if "main_thread_cpu_s" in r else "")
+    passes = r.get("answers_s_passes", [])
+    spread = f"  passes {'/'.join(map(str, passes))}" if len(passes) > 1 else ""
     return (f"  {name:<30} {r['answers_s']:8.0f} answers/s  {r['cpu_per_1k']:6.2f} CPU s/1k  "
-            f"peak RSS {r['peak_rss_mb']:6.0f} MB   {ratio}{loop}")
+            f"peak RSS {r['peak_rss_mb']:6.0f} MB   {ratio}{loop}{spread}")
 
 
 def _measure_tree(config: Path, args: argparse.Namespace, src: Path | None, tag: str = ""
                   ) -> dict[str, dict[str, Any]]:
-    """The floor, then draftgen (and draftgen on uvloop), with one draftgen tree."""
+    """The floor, then draftgen (on uvloop too, and as --procs N), with one draftgen tree;
+    `--repeat R` takes the clients in turn R times and keeps each one's median pass, so that a
+    slow or fast moment of the shared machine does not land on one client only."""
     _measure("raw", config, args, src=src)  # warm-up: fills the server's answer cache
-    runs = {f"raw{tag}": _measure("raw", config, args, src=src),
-            f"draftgen{tag}": _measure("draftgen", config, args, src=src)}
+    clients: dict[str, dict[str, Any]] = {f"raw{tag}": {"kind": "raw"},
+                                          f"draftgen{tag}": {"kind": "draftgen"}}
     if args.uvloop:
-        runs[f"draftgen+uvloop{tag}"] = _measure("draftgen", config, args, uvloop=True, src=src)
-    if args.procs > 1:
-        runs[f"draftgen --procs {args.procs}{tag}"] = _measure("procs", config, args, src=src)
-    return runs
+        clients[f"draftgen+uvloop{tag}"] = {"kind": "draftgen", "uvloop": True}
+    if args.procs > 1 and src is None:  # --procs is newer than the trees compared against
+        clients[f"draftgen --procs {args.procs}{tag}"] = {"kind": "procs"}
+    passes: dict[str, list[dict[str, Any]]] = {name: [] for name in clients}
+    for _ in range(args.repeat):
+        for name, how in clients.items():
+            passes[name].append(_measure(how["kind"], config, args, src=src,
+                                         uvloop=how.get("uvloop", False)))
+    return {name: _median_pass(runs) for name, runs in passes.items()}
+
+
+def _median_pass(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pass with the median answers/s (the lower middle of an even count), with every
+    pass's answers/s beside it."""
+    ordered = sorted(runs, key=lambda r: r["answers_s"])
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    median["answers_s_passes"] = [round(r["answers_s"]) for r in runs]
+    return median
 
 
 def _print_variant(variant: str, runs: dict[str, dict[str, Any]],
@@ -260,6 +282,8 @@ def main() -> int:
     p.add_argument("--variants", default="plain,logprobs,stream")
     p.add_argument("--uvloop", action="store_true", help="also run draftgen under uvloop")
     p.add_argument("--skip-sdk", action="store_true")
+    p.add_argument("--repeat", type=int, default=1, help="take the clients in turn this many "
+                   "times; each one's median pass is reported")
     p.add_argument("--procs", type=int, default=2, help="also run `draftgen run --procs N` "
                    "(N shard processes; 1: not measured)")
     p.add_argument("--baseline-src", type=Path, help="also measure the floor and draftgen "

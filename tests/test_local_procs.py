@@ -226,6 +226,9 @@ def test_the_processes_share_one_dollar_budget(tmp_path: Path, qwen3_dir: Path) 
     assert sorted(state.leases) == ["0-of-3", "1-of-3", "2-of-3"]
     assert all(lease.done for lease in state.leases.values())
     assert state.free(USD) == pytest.approx(budget - spent, abs=1e-9)
+    # the launcher's summary ends with the pool's line
+    held = f"budget.usd: ${budget - state.free(USD):.4f} of ${budget:.4f} held by shards"
+    assert held in " ".join(proc.stdout.split()), proc.stdout
 
 
 # ---- signals ---------------------------------------------------------------------------------

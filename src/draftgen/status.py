@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from draftgen.scale.shards import RunPart, ShardSpec, is_sharded, run_parts
-from draftgen.store.columns import id_hash, str_code
+from draftgen.store.columns import id_hash, str_code, union_of_sorted
 from draftgen.store.fast_index import IndexColumns, load_index_columns, torn_tail_bytes
 from draftgen.store.journal import JournalTail, read_journal
 from draftgen.store.layout import RunLayout
@@ -631,19 +631,9 @@ def _answered_anywhere(folders: list[_Folder]) -> tuple[dict[str, np.ndarray], C
     repeats: Counter[str] = Counter()
     for name in names:
         hashes = [f.done_ids[name] for f in folders if name in f.done_ids]
-        answered[name] = _union(hashes)
+        answered[name] = union_of_sorted(hashes)
         repeats[name] = sum(map(len, hashes)) - len(answered[name])
     return answered, repeats
-
-
-def _union(sorted_unique: list[np.ndarray]) -> np.ndarray:
-    """The union of sorted unique arrays, sorted (a plain sort: faster than np.unique)."""
-    if len(sorted_unique) == 1:
-        return sorted_unique[0]
-    both = np.sort(np.concatenate(sorted_unique))
-    keep = np.ones(len(both), dtype=bool)
-    keep[1:] = both[1:] != both[:-1]
-    return both[keep]
 
 
 def _relative(part: RunPart, root: Path) -> str:

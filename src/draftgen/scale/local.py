@@ -51,6 +51,7 @@ from draftgen.scale.launch import (
     print_table,
     wait_for_probe,
 )
+from draftgen.scale.leases import FilePool, PoolError, describe_pool
 from draftgen.scale.shards import ShardSpec
 
 PROGRESS_EVERY_S = 30.0
@@ -162,8 +163,16 @@ def run_local(config_path: Path, *, procs: int, probe: ProbeOptions | None = Non
             for s in shards[1:]:
                 s.start(config_path, probe, verbose)
             results = _watch(shards, run_root, started, progress_every_s)
-    print_table(results, [], cfg.output_dir)
+    print_table(results, _pool_lines(run_root), cfg.output_dir)
     return exit_code_of(results)
+
+
+def _pool_lines(run_root: Path) -> list[str]:
+    """The shared budgets at the end (none without budgets), as `--ray` prints them."""
+    try:
+        return describe_pool(FilePool(run_root).read())
+    except PoolError as e:
+        return [str(e)]
 
 
 def _watch(shards: list[ShardProcess], run_root: Path, started: float,

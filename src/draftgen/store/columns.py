@@ -47,6 +47,17 @@ def id_hash(rid: str) -> int:
     return int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=8).digest(), "little")
 
 
+def union_of_sorted(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The union of sorted arrays of unique values (ID hashes), sorted and unique: one sort and
+    a compare of neighbours, faster than `np.unique`."""
+    if len(arrays) == 1:
+        return arrays[0]
+    both = np.sort(np.concatenate(arrays))
+    keep = np.ones(len(both), dtype=bool)
+    keep[1:] = both[1:] != both[:-1]
+    return both[keep]
+
+
 @lru_cache(maxsize=4096)
 def str_code(value: str | None) -> int:
     """0 for None; otherwise a 32-bit hash that is never 0."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from draftgen.store.columns import id_hash
+from draftgen.store.columns import id_hash, union_of_sorted
 from draftgen.store.fast_index import catch_up_index, load_index_columns
 from draftgen.store.index import read_index
 from draftgen.store.layout import RunLayout
@@ -44,12 +44,19 @@ class DoneIds:
     def of(cls, ids: Iterable[str]) -> DoneIds:
         return cls(np.fromiter((id_hash(i) for i in ids), dtype=np.uint64))
 
+    @classmethod
+    def of_sorted(cls, hashes: np.ndarray) -> DoneIds:
+        """From hashes already sorted and unique (not checked)."""
+        done = cls()
+        done.hashes = hashes
+        return done
+
     def mask(self, hashes: np.ndarray) -> np.ndarray:
         """For each `id_hash` value, whether it is done."""
         return np.isin(hashes, self.hashes)
 
     def __or__(self, other: DoneIds) -> DoneIds:
-        return DoneIds(np.concatenate([self.hashes, other.hashes]))
+        return DoneIds.of_sorted(union_of_sorted([self.hashes, other.hashes]))
 
     def __contains__(self, prompt_id: object) -> bool:
         return isinstance(prompt_id, str) and bool(self.mask(np.array([id_hash(prompt_id)],
