@@ -175,7 +175,7 @@ class Auditor:
         if not isinstance(ids, list) or not ids:
             return []
         try:
-            parsed = self.fmt.parse_answer_text(self.tokenizer.decode(ids))
+            parsed = self.fmt.parse_answer_text(self.tokenizer.text_of(ids))
             stored = self._stored(record)
         except _BAD_INPUT:
             return ["content_mismatch"]

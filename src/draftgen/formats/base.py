@@ -349,7 +349,7 @@ class Format(ABC):
             flags.append(STOP_TOKEN_APPENDED)
         reasoning, content, tool_calls = raw.reasoning, raw.content, raw.tool_calls
         if reasoning is None and content is None:
-            parsed = self.parse_answer_text(self.tokenizer.decode(ids))
+            parsed = self.parse_answer_text(self.tokenizer.text_of(ids))
             reasoning, content, tool_calls = parsed.reasoning, parsed.content, parsed.tool_calls
         return Rebuilt(
             output_ids=ids,

@@ -1,7 +1,7 @@
 """`draftgen run CONFIG --procs N`: one run as N shard processes on this machine.
 
 One client process is bound by one core: its event loop and its worker threads share one
-interpreter lock (about 1,000 answers/s with logprobs on one core of the machine in
+interpreter lock (about 1,400 answers/s with logprobs on the machine of
 docs/benchmarks.md). `--procs N` runs shard I of N (`--shard I/N`, its own folder under
 `shards/`) in N processes started here, so the client scales with the machine's cores:
 
