@@ -8,12 +8,13 @@ answering the rest; the option combinations `--procs` refuses before starting an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
@@ -59,6 +60,19 @@ def _start_procs(config: Path, procs: int, env: dict[str, str] | None = None
                  ) -> subprocess.Popen[str]:
     return subprocess.Popen(_run_cmd(config, procs), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env or _ENV)
+
+
+@contextlib.contextmanager
+def _launched(config: Path, procs: int, env: dict[str, str] | None = None
+              ) -> Iterator[subprocess.Popen[str]]:
+    """`_start_procs`, killed on the way out if a failed check left it running."""
+    launcher = _start_procs(config, procs, env)
+    try:
+        yield launcher
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
 
 
 def _requests(server: TestServer) -> int:
@@ -182,15 +196,10 @@ def test_the_processes_share_the_backend_concurrency(tmp_path: Path, qwen3_dir: 
     with TestServer(latency_s=1.0, **SERVER) as server:
         config = sharded_config(tmp_path, qwen3_dir, server.url, rows, budget_usd=None,
                                 concurrency=8)
-        launcher = _start_procs(config, 2)
-        try:
+        with _launched(config, 2) as launcher:
             _wait_for_answers(root, 2, 4)
             server.config.latency_s = 0.01  # read per request: the rest need not be slow
             out, err = launcher.communicate(timeout=120)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait()
         most, requests = server.stats["max_in_flight"], _requests(server)
     assert launcher.returncode == 0, out[-3000:] + err[-3000:]
     _shard_lines(out, 2, "completed")
@@ -247,8 +256,7 @@ def test_killing_the_launcher_kills_its_processes_and_a_rerun_loses_nothing(
                                 concurrency=6)
         scratch = tmp_path / "tmp"  # the launcher's temporary folder, left by the kill
         scratch.mkdir()
-        launcher = _start_procs(config, 3, env={**_ENV, "TMPDIR": str(scratch)})
-        try:
+        with _launched(config, 3, env={**_ENV, "TMPDIR": str(scratch)}) as launcher:
             _wait_for_answers(root, 3, 2)
             live = live_parts(run_parts(root))
             pids = [int(holder["pid"]) for _, holder in live]
@@ -258,10 +266,6 @@ def test_killing_the_launcher_kills_its_processes_and_a_rerun_loses_nothing(
                 assert stat is not None and int(stat[1]) == launcher.pid, (pid, stat)
             os.kill(launcher.pid, signal.SIGKILL)
             launcher.wait(timeout=10)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and (
                 any(_running(pid) for pid in pids) or live_parts(run_parts(root))):
@@ -298,15 +302,10 @@ def test_sigint_to_the_launcher_stops_every_process_gracefully(tmp_path: Path, q
     with TestServer(latency_s=0.3, **SERVER) as server:
         config = sharded_config(tmp_path, qwen3_dir, server.url, rows, budget_usd=None,
                                 concurrency=4)
-        launcher = _start_procs(config, 2)
-        try:
+        with _launched(config, 2) as launcher:
             _wait_for_answers(root, 2, 2)
             os.kill(launcher.pid, signal.SIGINT)
             out, err = launcher.communicate(timeout=60)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait()
         sent_before = _requests(server)
         assert launcher.returncode == 0, out[-3000:] + err[-3000:]
         assert "2 shards" in out and "stopped" in out, out
