@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -203,25 +202,22 @@ def _logprobs_of(choice: Mapping[str, Any], into: LogprobTokens | None = None
     return out
 
 
-_TOKEN, _BYTES, _ID, _LOGPROB = (attrgetter(f) for f in ("token", "bytes", "id", "logprob"))
-
-
 def _decoded_logprobs(logprobs: wire.Logprobs | None) -> LogprobTokens | None:
-    """`_logprobs_of` a decoded choice's `logprobs`: a column at a time. ValueError when an
-    entry's `bytes` holds an integer that is not a byte value."""
+    """`_logprobs_of` a decoded choice's `logprobs`: a column at a time (comprehensions read a
+    struct's fields faster than `operator.attrgetter`). ValueError when an entry's `bytes`
+    holds an integer that is not a byte value."""
     if logprobs is None or logprobs.content is None:
         return None
     entries = logprobs.content
-    byte_values: list[bytes | list[int] | None] = list(map(_BYTES, entries))
-    if None in byte_values:
-        byte_values = [None if b is None else bytes(b) for b in byte_values]
-    else:
-        byte_values = list(map(bytes, byte_values))  # type: ignore[arg-type]  # no None
+    sent = [e.bytes for e in entries]
+    byte_values: list[bytes | list[int] | None] = (
+        [None if b is None else bytes(b) for b in sent] if None in sent
+        else list(map(bytes, sent)))  # type: ignore[arg-type]  # no None in sent
     return LogprobTokens(
-        tokens=list(map(_TOKEN, entries)),
+        tokens=[e.token for e in entries],
         bytes=byte_values,
-        ids=list(map(_ID, entries)),
-        logprobs=list(map(_LOGPROB, entries)),
+        ids=[e.id for e in entries],
+        logprobs=[e.logprob for e in entries],
     )
 
 
