@@ -120,6 +120,8 @@ class Tokenizer(ABC):
         self._bytes_to_id: dict[bytes, int] | None = None
         self._id_to_bytes: dict[int, bytes] | None = None
         self._join_checked: bool | None = None
+        self._added_ids: list[int] = []
+        """The added tokens' IDs, noted when `bytes_to_id` reads the vocabulary."""
 
     @property
     def sha256(self) -> str:
@@ -154,7 +156,9 @@ class Tokenizer(ABC):
     def bytes_to_id(self) -> dict[bytes, int]:
         """Token bytes → vocabulary ID, built once (see `build_bytes_to_id`)."""
         if self._bytes_to_id is None:
-            self._bytes_to_id = build_bytes_to_id(*self._vocab_parts())
+            base, added = self._vocab_parts()
+            self._added_ids = sorted(added.values())
+            self._bytes_to_id = build_bytes_to_id(base, added)
         return self._bytes_to_id
 
     def id_to_bytes(self, token_id: int) -> bytes | None:
@@ -173,10 +177,14 @@ class Tokenizer(ABC):
         (a cut character) or are not in the table go through `decode`."""
         if self._joins_like_decode():
             try:
-                return b"".join(map(self._bytes_of_ids().__getitem__, ids)).decode("utf-8")
+                return self.bytes_of(ids).decode("utf-8")
             except (KeyError, UnicodeDecodeError):
                 pass
         return self.decode(ids)
+
+    def bytes_of(self, ids: Sequence[int]) -> bytes:
+        """The IDs' bytes end to end (`id_to_bytes` of each); KeyError for an ID without."""
+        return b"".join(map(self._bytes_of_ids().__getitem__, ids))
 
     def _joins_like_decode(self) -> bool:
         """Whether the decoder is a plain join of the tokens' bytes (byte-level BPE): checked
@@ -187,13 +195,13 @@ class Tokenizer(ABC):
         return self._join_checked
 
     def _check_join(self) -> bool:
-        table = self._bytes_of_ids()
+        table = self._bytes_of_ids()  # builds the byte table, noting the added tokens
         samples = [[i] for i in sorted(table)[::97]]
-        samples += [[i] for i in self._vocab_parts()[1].values()]
+        samples += [[i] for i in self._added_ids]
         samples += [self.encode(text) for text in _JOIN_CHECKS]
         for ids in samples:
             try:
-                joined = b"".join(table[i] for i in ids).decode("utf-8")
+                joined = self.bytes_of(ids).decode("utf-8")
             except (KeyError, UnicodeDecodeError):
                 continue  # a token that is part of a character: nothing to compare
             if joined != self.decode(ids):
@@ -376,7 +384,7 @@ def _bytes_match_ids(tokenizer: Tokenizer, columns: LogprobTokens, ids: list[int
         return False
     try:
         sent = b"".join(columns.bytes)  # type: ignore[arg-type]  # byte lists: TypeError
-        return sent == b"".join(map(tokenizer._bytes_of_ids().__getitem__, ids))
+        return sent == tokenizer.bytes_of(ids)
     except (KeyError, TypeError):
         return False
 
