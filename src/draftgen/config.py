@@ -176,6 +176,11 @@ class BackendConfig(_Strict):
                              "workers × slots_per_worker), not both")
 
     @property
+    def starts_own_server(self) -> bool:
+        """A `llamacpp` backend given `model:` and no `url`: draftgen starts its llama-server."""
+        return self.type == "llamacpp" and self.model is not None and self.url is None
+
+    @property
     def is_paid(self) -> bool:
         if self.paid is not None:
             return self.paid

@@ -353,7 +353,7 @@ class ManagedServers:
         self._key_of: dict[str, tuple[str, tuple[str, ...]]] = {}
         groups: dict[tuple[str, tuple[str, ...]], list[BackendConfig]] = {}
         for b in self.backends:
-            if b.type == "llamacpp" and b.model is not None and b.url is None:
+            if b.starts_own_server:
                 key = (str(Path(b.model).expanduser().resolve()), tuple(b.server_args))
                 groups.setdefault(key, []).append(b)
                 self._key_of[b.name] = key

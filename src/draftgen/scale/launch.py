@@ -1,9 +1,10 @@
-"""What the launchers of many shards (`--procs`, `--ray`) share: starting the others once shard 0
-has passed the probe gate, and what they print (each shard's outcome, the whole run's progress
-line, the final table)."""
+"""What the launchers of many shards (`--procs`, `--ray`) share: running one shard where they put
+it, starting the others once shard 0 has passed the probe gate, and what they print (each
+shard's outcome, the whole run's progress line, the final table)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -13,12 +14,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from draftgen.runner import Outcome
+from draftgen import perf
+from draftgen.config import RunConfig
+from draftgen.probe.options import ProbeOptions
+from draftgen.runner import Outcome, Runner, prepare
+from draftgen.scale.leases import BudgetPool
 from draftgen.scale.shards import ShardSpec
 from draftgen.status import StatusError, collect_status, summary_line
 from draftgen.store.runinfo import read_probe
 
 POLL_S = 0.2
+"""How often a launcher looks at its shards."""
 
 console = Console(stderr=False, highlight=False)
 
@@ -50,6 +56,17 @@ class ShardResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShardResult:
         return cls(**data)
+
+
+def run_shard(cfg: RunConfig, spec: ShardSpec, probe: ProbeOptions | None,
+              pool: BudgetPool | None = None, verbose: bool = False) -> ShardResult:
+    """Shard `spec` of the run, in the process a launcher started for it (or a Ray worker):
+    an ordinary sharded run, its log lines prefixed with the shard."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, force=True,
+                        format=f"%(asctime)s shard {spec} %(levelname)s %(message)s")
+    plan = prepare(cfg, shard=spec)
+    outcome = perf.run(Runner(plan, live_display=False, probe=probe, pool=pool).execute())
+    return ShardResult.of(spec, outcome)
 
 
 def print_ended(result: ShardResult, elapsed_s: float) -> None:

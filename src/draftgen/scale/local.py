@@ -44,11 +44,13 @@ import orjson
 from draftgen.config import BackendConfig, ConfigError, RunConfig, load_config
 from draftgen.probe.options import ProbeOptions
 from draftgen.scale.launch import (
+    POLL_S,
     ShardResult,
     exit_code_of,
     print_ended,
     print_progress,
     print_table,
+    run_shard,
     wait_for_probe,
 )
 from draftgen.scale.leases import FilePool, PoolError, describe_pool
@@ -56,8 +58,6 @@ from draftgen.scale.shards import ShardSpec
 
 PROGRESS_EVERY_S = 30.0
 """How often the launcher prints the whole run's progress while the processes run."""
-POLL_S = 0.2
-"""How often the launcher looks at its processes."""
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 _PR_SET_PDEATHSIG = 1
 
@@ -71,7 +71,7 @@ def check_procs(cfg: RunConfig, procs: int) -> None:
         raise ConfigError(f"--procs {procs}: the number of processes must be at least 1")
     for b in cfg.backends:
         b.api_key()  # an unset key: one error here, naming the variable, not N in the shards
-    managed = [b.name for b in cfg.backends if b.type == "llamacpp" and b.model and not b.url]
+    managed = [b.name for b in cfg.backends if b.starts_own_server]
     if managed and procs > 1:
         raise ConfigError(
             f"--procs {procs}: backend(s) {', '.join(managed)} start their own llama-server, "
@@ -228,17 +228,11 @@ def run_shard_process(config: Path, spec: ShardSpec, *, probe: ProbeOptions | No
     result written to `result_path` for the launcher."""
     if os.getppid() != launcher:  # the launcher died before this process could watch it
         return 1
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, force=True,
-                        format=f"%(asctime)s shard {spec} %(levelname)s %(message)s")
-    from draftgen import perf
     from draftgen.cli import _user_errors
-    from draftgen.runner import Runner, prepare
 
     try:
-        cfg = share_concurrency(load_config(config), spec)
-        plan = prepare(cfg, shard=spec)
-        outcome = perf.run(Runner(plan, live_display=False, probe=probe).execute())
-        result = ShardResult.of(spec, outcome)
+        result = run_shard(share_concurrency(load_config(config), spec), spec, probe,
+                           verbose=verbose)
     except _user_errors() as e:
         result = ShardResult(str(spec), "failed", str(e))
         logging.getLogger("draftgen").error("%s", e)

@@ -25,10 +25,8 @@ import ray
 from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from draftgen import perf
 from draftgen.config import ConfigError, load_config
 from draftgen.probe import ProbeOptions
-from draftgen.runner import Runner, prepare
 from draftgen.scale.launch import (
     ShardResult,
     console,
@@ -38,6 +36,7 @@ from draftgen.scale.launch import (
     print_table,
     wait_for_probe,
 )
+from draftgen.scale.launch import run_shard as launch_shard
 from draftgen.scale.leases import BudgetPool, FilePool, PoolOp, PoolState, describe_pool
 from draftgen.scale.shards import ShardSpec
 
@@ -74,12 +73,7 @@ def run_shard(config_path: str, index: int, count: int, probe: ProbeOptions | No
     """One shard, in a Ray worker: an ordinary sharded run with the actor as its pool, in the
     driver's directory (relative paths in the config are relative to it)."""
     os.chdir(cwd)
-    spec = ShardSpec(index, count)
-    logging.basicConfig(level=logging.INFO, force=True,
-                        format=f"%(asctime)s shard {spec} %(levelname)s %(message)s")
-    plan = prepare(load_config(Path(config_path)), shard=spec)
-    outcome = perf.run(Runner(plan, live_display=False, probe=probe, pool=pool).execute())
-    return ShardResult.of(spec, outcome)
+    return launch_shard(load_config(Path(config_path)), ShardSpec(index, count), probe, pool)
 
 
 def run_on_ray(config_path: Path, *, shards: int, address: str | None = None,
