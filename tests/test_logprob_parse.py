@@ -5,7 +5,7 @@ runs with the typed decoding (`backends/wire.py`) store what the generic reading
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +15,23 @@ import pytest
 
 from draftgen.backends import make_backend, openai_chat
 from draftgen.backends.base import parse_json_body
-from draftgen.backends.openai_chat import StreamAccumulator, answer_from_json
+from draftgen.backends.openai_chat import (
+    StreamAccumulator,
+    answer_from_body,
+    answer_from_json,
+)
 from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
 from draftgen.formats import get_format
 from draftgen.testing.server import TestServer
 from draftgen.tokenize import Tokenizer
-from draftgen.types import BackendError, LogprobToken, LogprobTokens, Prompt, RawAnswer
+from draftgen.types import (
+    BackendError,
+    LogprobToken,
+    LogprobTokens,
+    Prompt,
+    RawAnswer,
+    SentBytes,
+)
 from tests.e2e_helpers import (
     fast_backend,
     mixed_rows,
@@ -166,6 +177,30 @@ def test_logprob_tokens_read_as_a_sequence() -> None:
         LogprobTokens(["a", "b"], [b"a"], [1, 2], [0.0, 0.0])
 
 
+def test_deferred_columns_are_read_once_when_asked_for() -> None:
+    reads: list[str] = []
+
+    def read(name: str, column: list[Any]) -> Callable[[], list[Any]]:
+        return lambda: reads.append(name) or column
+
+    sent = SentBytes(b"ab", b"[97]|[98]")
+    lp = LogprobTokens(["a", "b"], read("bytes", [b"a", b"b"]), [1, None],
+                       read("logprobs", [-0.1, -0.2]), sent=sent)
+    assert len(lp) == 2 and lp.ids == [1, None] and lp.tokens == ["a", "b"] and not reads
+    assert lp.sent_bytes() is sent
+    assert lp.logprobs == [-0.1, -0.2] and lp.logprobs == [-0.1, -0.2]
+    assert reads == ["logprobs"] and lp.sent_bytes() is sent
+    assert lp.bytes == [b"a", b"b"] and lp[1] == LogprobToken("b", b"b", None, -0.2)
+    assert reads == ["logprobs", "bytes"]
+    assert lp.sent_bytes() is None  # handed out: whoever holds the column may change it
+    lp = LogprobTokens(["a"], [b"a"], [1], [0.0], sent=sent)
+    lp.bytes = [b"x"]
+    assert lp.sent_bytes() is None and lp == [LogprobToken("a", b"x", 1, 0.0)]
+    short = LogprobTokens(["a", "b"], read("bytes", [b"a"]), [1, 2])
+    with pytest.raises(ValueError, match="different lengths"):
+        short.bytes  # noqa: B018  # read now
+
+
 # ---- the IDs -------------------------------------------------------------------------------
 
 
@@ -177,8 +212,9 @@ def test_rebuilt_ids_and_labels_equal_from_columns_and_from_entries(
         new = answer_from_json(orjson.loads(raw), {})
         old = answer_from_json(orjson.loads(raw), {})
         old.logprobs = _per_entry(orjson.loads(raw))  # byte lists, one object per entry
-        got, want = fmt.rebuild_batch([new, old])
-        assert got == want
+        lazy = answer_from_body(raw, {})  # columns read when asked for (`send`'s reading)
+        got, want, got_lazy = fmt.rebuild_batch([new, old, lazy])
+        assert got == want == got_lazy
         assert (got.token_source, got.token_check) == ("native", "exact")
         assert "ids_from_logprobs" in got.flags
 

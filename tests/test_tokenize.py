@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from draftgen.testing.assets import (
@@ -21,16 +22,19 @@ from draftgen.testing.assets import (
 )
 from draftgen.tokenize import (
     FastTokenizer,
+    LogprobIds,
     Tokenizer,
     TokenizerError,
     TransformersTokenizer,
     byte_decoder,
     find_tokenizer_file,
     ids_from_logprobs,
+    last_logprob_id,
     load_tokenizer,
+    logprob_ids,
     self_check,
 )
-from draftgen.types import LogprobToken
+from draftgen.types import LogprobToken, LogprobTokens, SentBytes
 
 QWEN_SPECIALS = {"<|im_end|>": 151645, "<|im_start|>": 151644, "</think>": 151668}
 
@@ -231,6 +235,49 @@ def test_logprob_ids_and_unknown_tokens(qwen3_tok: Tokenizer) -> None:
     assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="token_id:151645")]) == [151645]
     assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="Hello")]) == [9707]
     assert ids_from_logprobs(qwen3_tok, [LogprobToken(token="x", bytes=[0xFF, 0xFE, 0xFD])]) is None
+
+
+def _as_sent(tokens: list[str], data: list[bytes], ids: list[int | None] | None = None,
+             spelled: bytes | None = None) -> LogprobTokens:
+    """Columns as the chat backend keeps them: the bytes as sent, the column read if asked."""
+    spelled = spelled or b"|".join(orjson.dumps(list(d)) for d in data)
+    return LogprobTokens(tokens, lambda: list(data), ids or [None] * len(tokens),
+                         sent=SentBytes(b"".join(data), spelled))
+
+
+def test_logprob_ids_from_the_bytes_as_sent(qwen3_tok: Tokenizer) -> None:
+    """Entries without IDs are read through each token's spelling, as their bytes would give
+    them, without building the bytes column; the bytes decide over the text, and vLLM's
+    `token_id:N` over the bytes, as before; spaces and unknown bytes go through the column."""
+    hello = [b"Hello", b" world"]
+    ids = qwen3_tok.encode("Hello world")
+    lp = _as_sent(["Hello", " world"], hello)
+    assert logprob_ids(qwen3_tok, lp) == LogprobIds(ids, b"Hello world")
+    assert last_logprob_id(qwen3_tok, lp) == ids[-1]
+    assert lp.sent_bytes() is not None  # the column never built
+    assert ids_from_logprobs(qwen3_tok, _as_sent(["\ufffd", "x"], hello)) == ids
+    assert ids_from_logprobs(qwen3_tok, _as_sent(["token_id:5", " world"], hello)) == [5, ids[1]]
+    assert last_logprob_id(qwen3_tok, _as_sent(["token_id:5"], [b"Hello"])) == 5
+    spaced = _as_sent(["Hello", " world"], hello,
+                      spelled=b"[72, 101, 108, 108, 111]|[32,119,111,114,108,100]")
+    assert last_logprob_id(qwen3_tok, spaced) == ids[-1]
+    assert ids_from_logprobs(qwen3_tok, spaced) == ids and spaced.sent_bytes() is None
+    assert ids_from_logprobs(qwen3_tok, _as_sent(["x"], [b"\xff\xfe\xfd"])) is None
+    assert last_logprob_id(qwen3_tok, [LogprobToken("x", b"Hello")]) == 9707
+    assert last_logprob_id(qwen3_tok, LogprobTokens(["x"], [b"x"], [42])) == 42
+    assert last_logprob_id(qwen3_tok, []) is None
+
+
+def test_text_of_bytes_is_text_of(qwen3_tok: Tokenizer) -> None:
+    """The text of recovered IDs, read from the bytes the check computed: decode's, cut
+    characters included (those go through decode)."""
+    samples = [qwen3_tok.encode("<think>\nhéllo 世界 🚀</think>\n\nx = {'a': 1}<|im_end|>")]
+    samples += [qwen3_tok.encode("🚀 世界")[:k] for k in range(1, 6)]
+    for ids in samples:
+        found = logprob_ids(qwen3_tok, _as_sent([""] * len(ids), [
+            qwen3_tok.id_to_bytes(i) or b"" for i in ids], list(ids)))
+        assert found is not None and found.data == qwen3_tok.bytes_of(ids)
+        assert qwen3_tok.text_of_bytes(ids, found.data) == qwen3_tok.decode(ids)
 
 
 # ---- text_of: decode through the byte table ---------------------------------------------------

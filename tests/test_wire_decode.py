@@ -6,16 +6,22 @@ logprob columns are the engine's."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import aiohttp
+import msgspec
 import orjson
 import pytest
 
 from draftgen.backends import wire
 from draftgen.backends.base import parse_json_body
-from draftgen.backends.openai_chat import answer_from_body, answer_from_json
+from draftgen.backends.openai_chat import (
+    StreamAccumulator,
+    answer_from_body,
+    answer_from_json,
+)
 from draftgen.testing.server import TestServer
 from draftgen.tokenize import Tokenizer, ids_from_logprobs
 from draftgen.types import BackendError, LogprobTokens
@@ -95,6 +101,41 @@ def test_whole_answers_read_alike(server: TestServer, question: str, tools: list
     if logprobs:
         assert len(answer.logprobs) > 0
         assert all(isinstance(b, bytes) for b in answer.logprobs.bytes)
+
+
+def _fed(raw: bytes, size: int) -> tuple[Any, ...]:
+    """A stream read through `StreamAccumulator.feed` in reads of `size` bytes."""
+    def read() -> Any:
+        acc = StreamAccumulator()
+        if not any(acc.feed(raw[i : i + size]) for i in range(0, len(raw), size)):
+            acc.feed_end()
+        return acc.finish()
+    return _outcome(read)
+
+
+def _by_lines(raw: bytes) -> tuple[Any, ...]:
+    """The generic reading of a stream: every line through `feed_line` (orjson)."""
+    def read() -> Any:
+        acc = StreamAccumulator()
+        any(acc.feed_line(line) for line in raw.split(b"\n"))
+        return acc.finish()
+    return _outcome(read)
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+@pytest.mark.parametrize(("question", "tools"), QUESTIONS)
+def test_streamed_answers_read_alike(server: TestServer, question: str, tools: list[Any] | None,
+                                     logprobs: bool) -> None:
+    """Every event of the server's streams is read through the `wire` types, and gives what the
+    generic reading gives, whatever the network reads."""
+    raw = _fetch(server, question, tools, logprobs=logprobs, stream=True,
+                 stream_options={"include_usage": True})
+    events = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: {")]
+    assert len(events) > 5 and all(wire.decode_chunk(e) is not None for e in events)
+    generic = _by_lines(raw)
+    assert generic[0] == "answer" and (generic[1].logprobs is not None) == logprobs
+    for size in [1, 5, 1024, 4096, len(raw)]:
+        assert _fed(raw, size) == generic, size
 
 
 def test_logprob_columns_give_the_engine_ids(qwen3_tok: Tokenizer) -> None:
@@ -185,6 +226,23 @@ ODD_BODIES: dict[str, bytes] = {
     "entry logprob an int": _body(_entries({"token": "a", "logprob": -1})),
     **{f"entry bytes {bad!r}": _body(_entries(ENTRY, {"token": "b", "bytes": bad}))
        for bad in ([256], [-1], "abc", 5, [1.5], [True])},
+    # Every entry's bytes are read as one string (`openai_chat._joined_bytes`): what it must
+    # leave to the reading entry by entry.
+    **{f"entry bytes {bad!r} alone": _body(_entries({"token": "b", "bytes": bad}))
+       for bad in (5, [256], [1000], [[1]], [True], [], [0, 255], None, [1e300])},
+    "entry bytes a huge integer": _body(_entries({"token": "b", "bytes": [7]})).replace(
+        b"[7]", b"[123456789012345678901234567890]"),
+    "entry bytes nested, then a number": _body(_entries(
+        {"token": "a", "bytes": [1, [2]]}, {"token": "b", "bytes": 5})),
+    "entry bytes null": _body(_entries(ENTRY, {"token": "b", "bytes": None}, ENTRY)),
+    "entry bytes absent": _body(_entries(ENTRY, {"token": "b", "id": 65}, ENTRY)),
+    "entry bytes absent between empty lists": _body(_entries(
+        {"token": "", "bytes": []}, {"token": "b"}, {"token": "", "bytes": []})),
+    "entry bytes empty lists": _body(_entries(
+        {"token": "", "bytes": []}, ENTRY, {"token": "", "bytes": []}, {"token": "", "bytes": []})),
+    "entry bytes spaced": b'{"choices": [{"finish_reason": "stop", "message": {"content": "ab"}, '
+                          b'"logprobs": {"content": [{"token": "a", "bytes": [ 97 , 98 ]}, '
+                          b'{"token": "", "bytes": [ ]}, {"token": "b", "bytes": [\n98]}]}}]}',
     "unknown fields everywhere": orjson.dumps({
         "id": "gen-1", "object": "chat.completion", "created": 1, "system_fingerprint": None,
         "new_thing": {"nested": [1, {"deep": None}]}, "choices": [{
@@ -202,11 +260,64 @@ def test_odd_bodies_read_as_the_generic_reading_reads_them(name: str) -> None:
     assert _typed(raw) == _generic(raw)
 
 
+def _spelling(rng: random.Random) -> tuple[bytes | None, bool]:
+    """A random entry's `bytes` as JSON text (None: absent) and whether it is a byte list."""
+    values = [rng.choice([0, 9, 10, 32, 99, 100, 199, 200, 249, 250, 255])
+              for _ in range(rng.randrange(5))]
+    kind = rng.choices(["compact", "spaced", "null", "absent", "bad"], [20, 3, 1, 1, 2])[0]
+    if kind == "compact":
+        return orjson.dumps(values), True
+    if kind == "spaced":  # an empty one ("[ ]") is left to the reading entry by entry
+        return b"[ " + b" ,\n".join(b"%d" % v for v in values) + b" ]", bool(values)
+    if kind == "null":
+        return b"null", False
+    if kind == "absent":
+        return None, False
+    return rng.choice([b"[256]", b"[300,1]", b"[1000]", b"[01]", b"[-0]", b"[1.0]", b"[1e2]",
+                       b"[true]", b"[[1]]", b"[1,[2]]", b"7", b'"ab"', b"[null]", b"{}"]), False
+
+
+def test_random_byte_spellings_read_as_the_generic_reading_reads_them() -> None:
+    """Answers whose entries spell their bytes every way (compact, spaced, null, absent, not
+    byte values): the typed reading gives what the generic one gives, and keeps the bytes as
+    sent exactly when every entry's are a list of byte values."""
+    rng = random.Random(11)
+    for _ in range(400):
+        spelled = [_spelling(rng) for _ in range(rng.randrange(1, 6))]
+        entries = b",".join(b'{"token":"t","id":7' + (b"" if text is None else b',"bytes":'
+                                                      + text) + b"}" for text, _ in spelled)
+        raw = (b'{"choices":[{"finish_reason":"stop","message":{"content":"ab"},'
+               b'"logprobs":{"content":[' + entries + b"]}}]}")
+        generic = _generic(raw)
+        try:
+            answer = answer_from_body(raw, {})
+        except (BackendError, ValueError):
+            answer = None
+        if answer is not None and answer.logprobs is not None and all(ok for _, ok in spelled):
+            sent = answer.logprobs.sent_bytes()
+            assert sent is not None, raw
+            assert sent.joined == b"".join(generic[1].logprobs.bytes), raw
+        assert _typed(raw) == generic, raw
+
+
+def test_a_logprob_beyond_float_range_is_not_read() -> None:
+    """The one body the two readings now read apart: the typed reading does not decode the
+    logprob values (msgspec skips them unchecked), the generic one refuses the body (orjson
+    refuses the number). The values of such an answer read as None."""
+    raw = _body(_entries({**ENTRY, "logprob": 0.25}, ENTRY)).replace(b"0.25", b"-1e400")
+    outcome = _generic(raw)
+    assert outcome[:2] == ("error", "bad_response") and outcome[2].startswith("answer is not JSON")
+    answer = answer_from_body(raw, {})
+    assert answer.logprobs is not None and answer.logprobs.logprobs == [None, None]
+    assert answer.logprobs.bytes == [b"a", b"a"] and answer.logprobs.ids == [64, 64]
+
+
 def test_unknown_fields_never_leave_the_typed_reading() -> None:
     decoded = wire.decode_completion(ODD_BODIES["unknown fields everywhere"])
     assert decoded is not None and decoded.choices
     logprobs = decoded.choices[0].logprobs
-    assert logprobs is not None and logprobs.content == [wire.LogprobEntry("a", (97,), 64, -0.5)]
+    assert logprobs is not None
+    assert logprobs.content == [wire.LogprobEntry("a", msgspec.Raw(b"[97]"), 64)]
 
 
 @pytest.mark.parametrize(("name", "kind", "message"), [

@@ -16,17 +16,18 @@ import hashlib
 import importlib
 import logging
 import re
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from functools import cache
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from tokenizers import Tokenizer as HFTokenizer
 
 from draftgen.tokenize_tiktoken import TiktokenEncoder, tiktoken_encoder
-from draftgen.types import LogprobToken, LogprobTokens
+from draftgen.types import LogprobToken, LogprobTokens, SentBytes
 
 
 class TokenizerError(Exception):
@@ -178,8 +179,18 @@ class Tokenizer(ABC):
         (a cut character) or are not in the table go through `decode`."""
         if self._joins_like_decode():
             try:
-                return self.bytes_of(ids).decode("utf-8")
-            except (KeyError, UnicodeDecodeError):
+                return self.text_of_bytes(ids, self.bytes_of(ids))
+            except KeyError:
+                pass
+        return self.decode(ids)
+
+    def text_of_bytes(self, ids: Sequence[int], data: bytes) -> str:
+        """`text_of(ids)` when the IDs' bytes (`bytes_of(ids)`) are at hand: the logprob check
+        computed them (`logprob_ids`), and an answer's bytes cost as much as the rest of it."""
+        if self._joins_like_decode():
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
                 pass
         return self.decode(ids)
 
@@ -357,8 +368,42 @@ def _unreported_id(table: Mapping[bytes, int], token: str, raw: bytes | list[int
     return table.get(bytes(raw) if raw is not None else token.encode("utf-8"))
 
 
+def last_logprob_id(tokenizer: Tokenizer, entries: Sequence[LogprobToken]) -> int | None:
+    """`logprob_token_id` of the last entry (None when there is none), reading only its ID,
+    or its bytes as sent (see `_ids_by_spelling`): no column of bytes or logprob values is
+    built for one entry."""
+    if not entries:
+        return None
+    if not isinstance(entries, LogprobTokens):
+        return logprob_token_id(tokenizer, entries[-1])
+    if entries.ids[-1] is not None:
+        return entries.ids[-1]
+    token, sent = entries.tokens[-1], entries.sent_bytes()
+    if sent is not None and not _TOKEN_ID_FORM.match(token):
+        tid = _spelling_table(tokenizer).get(sent.spelled.rpartition(b"|")[2])
+        if tid is not None:
+            return tid
+    return _unreported_id(tokenizer.bytes_to_id(), token, entries.bytes[-1])
+
+
+class LogprobIds(NamedTuple):
+    """The IDs recovered from an answer's logprob entries (`logprob_ids`)."""
+
+    ids: list[int]
+    data: bytes | None
+    """The IDs' bytes end to end (`Tokenizer.bytes_of(ids)`) when recovering them computed
+    those, else None: the answer's text is read from them (`Tokenizer.text_of_bytes`)."""
+
+
 def ids_from_logprobs(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
                       completion_tokens: int | None = None) -> list[int] | None:
+    """`logprob_ids`, the IDs only."""
+    found = logprob_ids(tokenizer, entries, completion_tokens)
+    return None if found is None else found.ids
+
+
+def logprob_ids(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
+                completion_tokens: int | None = None) -> LogprobIds | None:
     """Every entry's ID, or None when one of them maps to no vocabulary entry.
 
     llama-server holds back a token that ends inside a multi-byte UTF-8 character and reports
@@ -376,23 +421,30 @@ def ids_from_logprobs(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
     ids = _entry_ids(tokenizer, columns)
     if ids is None:
         return None
-    if _bytes_match_ids(tokenizer, columns, ids):
-        return ids
+    data = _matching_bytes(tokenizer, columns, ids)
+    if data is not None:
+        return LogprobIds(ids, data)
     merged = _merged_entries(tokenizer, columns)
     if merged is None:
         return None
     if not merged:
-        return ids
+        return LogprobIds(ids, None)
     options = [merged.get(i) or [[tid]] for i, tid in enumerate(ids)]
     if all(len(o) == 1 for o in options):
-        return [t for o in options for t in o[0]]
-    return _unique_total(options, completion_tokens)
+        return LogprobIds([t for o in options for t in o[0]], None)
+    unique = _unique_total(options, completion_tokens)
+    return None if unique is None else LogprobIds(unique, None)
 
 
 def _entry_ids(tokenizer: Tokenizer, columns: LogprobTokens) -> list[int] | None:
     """Each entry's own ID (see `logprob_token_id`); None when one maps to none."""
     if None not in columns.ids:  # every endpoint that reports IDs reports them all
         return list(columns.ids)  # type: ignore[arg-type]  # no None in it
+    sent = columns.sent_bytes()
+    if sent is not None and columns.ids.count(None) == len(columns.ids):
+        by_spelling = _ids_by_spelling(tokenizer, columns, sent)
+        if by_spelling is not None:
+            return by_spelling
     table = tokenizer.bytes_to_id()
     out: list[int] = []
     for reported, token, raw in zip(columns.ids, columns.tokens, columns.bytes, strict=True):
@@ -403,17 +455,58 @@ def _entry_ids(tokenizer: Tokenizer, columns: LogprobTokens) -> list[int] | None
     return out
 
 
-def _bytes_match_ids(tokenizer: Tokenizer, columns: LogprobTokens, ids: list[int]) -> bool:
+def _ids_by_spelling(tokenizer: Tokenizer, columns: LogprobTokens, sent: SentBytes
+                     ) -> list[int] | None:
+    """The IDs of entries that report none (OpenRouter's), read from their byte values as
+    the JSON text sent (`SentBytes.spelled`) through a table of each token's compact spelling:
+    what their bytes give (`_unreported_id`), at a split and a lookup per entry, where reading
+    the bytes costs a list and a `bytes` per entry. None when an entry's spelling is not in
+    the table (spaces, or no such token), or a token might be vLLM's `token_id:N` (its text
+    names the ID): the caller reads the bytes then."""
+    if "token_id:" in "".join(columns.tokens):
+        return None
+    ids = list(map(_spelling_table(tokenizer).get, sent.spelled.split(b"|")))
+    return None if None in ids else ids  # type: ignore[return-value]  # no None in ids
+
+
+_SPELLING_TABLES: weakref.WeakKeyDictionary[Tokenizer, dict[bytes, int]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _spelling_table(tokenizer: Tokenizer) -> dict[bytes, int]:
+    """Each token's byte values as compact JSON (`b"[60,116]"`) → its ID (`bytes_to_id`),
+    built on the first answer that needs it (0.15 s and 14 MB for Qwen3's 151k tokens) and
+    kept while the tokenizer lives. Two threads may both build it: the same table."""
+    table = _SPELLING_TABLES.get(tokenizer)
+    if table is None:
+        table = {f"[{','.join(map(str, data))}]".encode(): tid
+                 for data, tid in tokenizer.bytes_to_id().items()}
+        _SPELLING_TABLES[tokenizer] = table
+    return table
+
+
+def _matching_bytes(tokenizer: Tokenizer, columns: LogprobTokens, ids: list[int]
+                    ) -> bytes | None:
     """The common case, in two joins: the entries' bytes, end to end, are the IDs' own bytes
     end to end, so no entry carries bytes of a token it does not name (nothing held back;
-    whatever the entries' split, the IDs account for every byte)."""
-    if None in columns.bytes:
-        return False
+    whatever the entries' split, the IDs account for every byte). Those bytes when so, else
+    None. The entries' join is the one the backend made (`LogprobTokens.sent_bytes`) when it
+    kept one: then no entry's bytes are read."""
+    kept = columns.sent_bytes()
+    sent = kept.joined if kept is not None else None
+    if sent is None:
+        column = columns.bytes
+        if None in column:
+            return None
+        try:
+            sent = b"".join(column)  # type: ignore[arg-type]  # byte lists: TypeError
+        except TypeError:
+            return None
     try:
-        sent = b"".join(columns.bytes)  # type: ignore[arg-type]  # byte lists: TypeError
-        return sent == tokenizer.bytes_of(ids)
-    except (KeyError, TypeError):
-        return False
+        own = tokenizer.bytes_of(ids)
+    except KeyError:
+        return None
+    return sent if sent == own else None
 
 
 _MAX_SPLITS = 64

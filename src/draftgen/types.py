@@ -6,9 +6,9 @@ Backends produce `RawAnswer` (what the wire said, never a model format); formats
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 Message = dict[str, Any]
 """An OpenAI-style chat message: {"role", "content", optional "reasoning_content", "tool_calls",
@@ -66,25 +66,85 @@ class LogprobToken:
     logprob: float | None = None
 
 
+_T = TypeVar("_T")
+EntryBytes = bytes | list[int] | None
+"""An entry's bytes: the wire's list of byte values, or `bytes` made of it."""
+_Column = list[_T] | Callable[[], list[_T]]
+"""A column, or a function that reads it when it is first asked for."""
+
+
+@dataclass(frozen=True, slots=True)
+class SentBytes:
+    """An answer's logprob entries' bytes as the endpoint sent them (`LogprobTokens`)."""
+
+    joined: bytes
+    """Every entry's byte values end to end."""
+    spelled: bytes
+    """Each entry's byte values as the JSON text sent, joined by "|": `b"[60,116]|[10]"`."""
+
+
 class LogprobTokens(Sequence[LogprobToken]):
     """An answer's logprob entries as parallel columns, one list per field, instead of one
     object per token: an answer has hundreds of entries and thousands of answers are in flight,
     so per-token objects cost the event loop their construction and kept the garbage collector
     re-scanning them (docs/benchmarks.md, client throughput). Reads as a sequence of
-    `LogprobToken`, each built when asked for."""
+    `LogprobToken`, each built when asked for.
 
-    __slots__ = ("bytes", "ids", "logprobs", "tokens")
+    The `bytes` and `logprobs` columns can be given as functions that read them, called when
+    the column is first asked for: the chat backends read the tokens and IDs as they decode an
+    answer and leave the rest to whoever needs it (recovering IDs reads no logprob value, and
+    no entry's bytes when the `sent_bytes` they keep match the IDs)."""
+
+    __slots__ = ("_bytes", "_logprobs", "_sent", "ids", "tokens")
 
     def __init__(self, tokens: list[str] | None = None,
-                 bytes: list[bytes | list[int] | None] | None = None,
+                 bytes: _Column[EntryBytes] | None = None,
                  ids: list[int | None] | None = None,
-                 logprobs: list[float | None] | None = None) -> None:
+                 logprobs: _Column[float | None] | None = None, *,
+                 sent: SentBytes | None = None) -> None:
         self.tokens = tokens if tokens is not None else []
-        self.bytes = bytes if bytes is not None else [None] * len(self.tokens)
         self.ids = ids if ids is not None else [None] * len(self.tokens)
-        self.logprobs = logprobs if logprobs is not None else [None] * len(self.tokens)
-        if not len(self.tokens) == len(self.bytes) == len(self.ids) == len(self.logprobs):
+        self._bytes = bytes if bytes is not None else [None] * len(self.tokens)
+        self._logprobs = logprobs if logprobs is not None else [None] * len(self.tokens)
+        self._sent = sent
+        if not all(len(c) == len(self.tokens) for c in (self.ids, self._bytes, self._logprobs)
+                   if isinstance(c, list)):
             raise ValueError("LogprobTokens: columns of different lengths")
+
+    @property
+    def bytes(self) -> list[EntryBytes]:
+        """Each entry's bytes. Handing the column out drops `sent_bytes`: the caller may
+        change it."""
+        self._sent = None
+        if not isinstance(self._bytes, list):
+            self._bytes = self._read(self._bytes)
+        return self._bytes
+
+    @bytes.setter
+    def bytes(self, column: list[EntryBytes]) -> None:
+        self._bytes, self._sent = column, None
+
+    @property
+    def logprobs(self) -> list[float | None]:
+        if not isinstance(self._logprobs, list):
+            self._logprobs = self._read(self._logprobs)
+        return self._logprobs
+
+    @logprobs.setter
+    def logprobs(self, column: list[float | None]) -> None:
+        self._logprobs = column
+
+    def _read(self, read: Callable[[], list[_T]]) -> list[_T]:
+        column = read()
+        if len(column) != len(self.tokens):
+            raise ValueError("LogprobTokens: columns of different lengths")
+        return column
+
+    def sent_bytes(self) -> SentBytes | None:
+        """The entries' bytes as the endpoint sent them, when whoever made the columns kept
+        them (the chat backends read every entry's bytes as one string, and build the column
+        only when asked); None otherwise, and once the `bytes` column was handed out."""
+        return self._sent
 
     @classmethod
     def of(cls, entries: Iterable[LogprobToken]) -> LogprobTokens:

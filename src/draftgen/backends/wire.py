@@ -6,17 +6,18 @@ that the garbage collector does not track: with logprobs, ~25 % less CPU than `o
 followed by dict lookups (docs/benchmarks.md, client throughput).
 
 The types are strict, and `decode_completion` gives None for a body they do not describe: not
-JSON, not an object, a field of another type, a logprob entry that is not an object or whose
-`bytes` are not integers (`openai_chat.answer_from_body` gives up on integers that are not byte
-values). The caller then reads that body with the generic parse (`orjson` and dict lookups),
-whose lenient rules and error messages stay the reference. Free-form values
-(tool calls, reasoning details, usage, errors) are kept as `msgspec.Raw` and parsed by
-`orjson` when read (`value`), exactly as the generic parse reads them.
+JSON, not an object, a field of another type, a logprob entry that is not an object. A logprob
+entry's `bytes` stay JSON text (`msgspec.Raw`), checked by `openai_chat._decoded_logprobs`, which
+gives up on anything but lists of byte values. The caller then reads that body with the
+generic parse (`orjson` and dict lookups), whose lenient rules and error messages stay the
+reference. Free-form values (tool calls, reasoning details, usage, errors) are kept as
+`msgspec.Raw` and parsed by `orjson` when read (`value`), exactly as the generic parse reads
+them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import orjson
@@ -25,14 +26,17 @@ _ABSENT = msgspec.Raw()
 
 
 class LogprobEntry(msgspec.Struct, gc=False):
-    """One `logprobs.content[]` entry: the sampled token (its alternatives are not read)."""
+    """One `logprobs.content[]` entry: the sampled token (its alternatives are not read).
+
+    Its `logprob` is not decoded: nothing draftgen stores reads it, and
+    `openai_chat.answer_from_body` reads the values from the body when asked for them."""
 
     token: str = ""
-    bytes: tuple[int, ...] | None = None
-    """Byte values, checked when made `bytes` (a range check here costs more than that)."""
+    bytes: msgspec.Raw = _ABSENT
+    """The JSON text of the byte values, as sent (empty when absent): checked and read as
+    bytes for all entries at once (`openai_chat._decoded_logprobs`), a third of the CPU of
+    building a tuple of ints per entry and a `bytes` from each."""
     id: int | None = None
-    logprob: int | float | None = None
-    """int or float as sent (the generic parse keeps an integral value an int)."""
 
 
 class Logprobs(msgspec.Struct, gc=False):
@@ -87,3 +91,56 @@ def decode_completion(raw: bytes) -> Completion | None:
 def value(raw: msgspec.Raw) -> Any:
     """A free-form field's value as `orjson` parses it; None when the field was absent."""
     return orjson.loads(memoryview(raw)) if raw else None
+
+
+# ---- stream chunks -----------------------------------------------------------------------------
+
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+"""An integer that `orjson` reads as an int too: it reads one beyond 64 bits as a float, msgspec
+as an int (its bounds must fit 64 signed bits, so a value in 2**63..2**64-1 goes to the generic
+reading, which reads it alike)."""
+
+
+class ChunkChoice(msgspec.Struct, gc=False):
+    """A stream chunk's choice: the message comes as a `delta`. Logprobs stay `Raw`, read by the
+    generic `_logprobs_of` (a few entries per chunk; the stream's later events are then read
+    generically, see `openai_chat.StreamAccumulator`)."""
+
+    delta: Message | None = None
+    finish_reason: str | None = None
+    token_ids: list[Int64] | None = None
+    """vLLM's `return_token_ids`: the chunk's tokens."""
+    logprobs: msgspec.Raw = _ABSENT
+    error: msgspec.Raw = _ABSENT
+    """With `finish_reason: "error"`: what went wrong."""
+
+
+class Chunk(msgspec.Struct, gc=False):
+    """One SSE event's `data:` object in a chat stream."""
+
+    choices: list[ChunkChoice] | None = None
+    usage: msgspec.Raw = _ABSENT
+    provider: str | None = None
+    model: str | None = None
+    id: str | None = None
+    error: msgspec.Raw = _ABSENT
+    """Present: an error event (the caller reads those generically)."""
+
+
+_chunk = msgspec.json.Decoder(Chunk)
+
+
+def decode_chunk(raw: bytes) -> Chunk | None:
+    """`raw` as a `Chunk`; None when the types do not describe it, and when it is not UTF-8:
+    msgspec skips the fields it does not read without checking their bytes, where `orjson`
+    refuses the whole event. (Both refuse a number beyond float range, except that msgspec skips
+    one in a field it does not read: the one input on which the two readings differ.)"""
+    if not raw.isascii():
+        try:
+            raw.decode()
+        except UnicodeDecodeError:
+            return None
+    try:
+        return _chunk.decode(raw)
+    except msgspec.MsgspecError:
+        return None

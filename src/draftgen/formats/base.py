@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from draftgen.tokenize import Tokenizer, ids_from_logprobs, logprob_token_id
+from draftgen.tokenize import Tokenizer, last_logprob_id, logprob_ids
 from draftgen.types import Message, Prompt, RawAnswer, Rebuilt, TokenCheck, Tool
 
 _REGISTRY: dict[str, type[Format]] = {}
@@ -269,10 +269,12 @@ class Format(ABC):
         is certain, so its ID is appended. Anything else (logprobs over the content only, none
         for the reasoning, an unknown token) is incomplete: None."""
         n = raw.usage.completion_tokens
-        ids = ids_from_logprobs(self.tokenizer, raw.logprobs or [], n)
-        if ids is None:
+        recovered = logprob_ids(self.tokenizer, raw.logprobs or [], n)
+        if recovered is None:
             return None
-        decoded = self.tokenizer.text_of(ids)
+        ids = recovered.ids
+        decoded = (self.tokenizer.text_of(ids) if recovered.data is None
+                   else self.tokenizer.text_of_bytes(ids, recovered.data))
         found: list[int] | None = None
         for candidate in text.candidates:
             if decoded == candidate:
@@ -321,9 +323,7 @@ class Format(ABC):
     def _from_logprobs(self, raw: RawAnswer, ids: list[int]) -> Rebuilt:
         # Appended: the last ID is not the one the last logprob entry stands for (one entry can
         # stand for several IDs, see `ids_from_logprobs`, so the counts do not tell).
-        last = raw.logprobs[-1] if raw.logprobs else None
-        appended = bool(ids) and (
-            last is None or logprob_token_id(self.tokenizer, last) != ids[-1])
+        appended = bool(ids) and last_logprob_id(self.tokenizer, raw.logprobs or []) != ids[-1]
         flags = [IDS_FROM_LOGPROBS, *([STOP_TOKEN_APPENDED] if appended else [])]
         return Rebuilt(
             output_ids=ids,
