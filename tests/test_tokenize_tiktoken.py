@@ -64,8 +64,10 @@ def test_texts_normalization_could_change_go_through_hf(qwen3_tok: Tokenizer) ->
     fast = fast_of(qwen3_tok)
     decomposed = "cafe\u0301 A\u030a"  # NFC composes both
     unassigned = "x\U000e0080y"  # no character there in any Unicode version so far
+    unassigned_bmp = "x\u0378y"
     assert unicodedata.normalize("NFC", decomposed) != decomposed
     assert not fast.takes(decomposed) and not fast.takes(unassigned)
+    assert not fast.takes(unassigned_bmp) and not fast.takes("\ud800 lone surrogate")
     assert fast.takes("plain ascii") and fast.takes("déjà vu 日本語 🙂")
     texts = [decomposed, "between", unassigned, decomposed + "<|im_end|>"]
     assert qwen3_tok.encode_batch(texts) == hf_ids(qwen3_tok, texts)
