@@ -37,8 +37,8 @@ def tuned_gc(gen0: int = RUN_GC_GEN0) -> Iterator[None]:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(main)`, on uvloop's event loop when uvloop is installed (a dependency,
-    except on Windows) and the environment does not say DRAFTGEN_UVLOOP=0.
+    """`asyncio.run(main)`, on uvloop's event loop when uvloop is installed (the optional extra
+    `draftgen[fast]`) and the environment does not say DRAFTGEN_UVLOOP=0.
 
     At 2,000 requests in flight it gave +7 % to +45 % answers/s over asyncio's own loop in the
     same run (once -1 %), at about the same CPU per answer (bench/client_throughput.py,
