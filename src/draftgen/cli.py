@@ -190,7 +190,7 @@ def run(
             if spec is not None:
                 _print_shard(plan, spec)
             return
-        # uvloop's event loop when installed (draftgen[fast]): see draftgen.perf.run
+        # asyncio's event loop, or uvloop's with DRAFTGEN_UVLOOP=1: see draftgen.perf.run
         outcome = perf.run(Runner(plan, live_display=False if no_live else None,
                                   probe=probe).execute())
     except _user_errors() as e:

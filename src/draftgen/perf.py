@@ -37,13 +37,15 @@ def tuned_gc(gen0: int = RUN_GC_GEN0) -> Iterator[None]:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(main)`, on uvloop's event loop when uvloop is installed (the optional extra
-    `draftgen[fast]`) and the environment does not say DRAFTGEN_UVLOOP=0.
+    """`asyncio.run(main)`; on uvloop's event loop instead when the environment says
+    DRAFTGEN_UVLOOP=1 (and uvloop is installed: the optional extra `draftgen[fast]`).
 
-    At 2,000 requests in flight it gave +7 % to +45 % answers/s over asyncio's own loop in the
-    same run (once -1 %), at about the same CPU per answer (bench/client_throughput.py,
-    docs/benchmarks.md); nothing else changes."""
-    if os.environ.get("DRAFTGEN_UVLOOP", "1") != "0":
+    asyncio's own loop is the default because it was the faster one with draftgen's full
+    pipeline: at 2,000 requests in flight, 7-12 % more answers/s and 10-12 % less CPU per answer
+    than uvloop in all three variants, three passes each (bench/client_throughput.py,
+    docs/benchmarks.md). Earlier figures that favoured uvloop were taken against a benchmark
+    server that stalled."""
+    if os.environ.get("DRAFTGEN_UVLOOP", "0") == "1":
         try:
             import uvloop
         except ImportError:
