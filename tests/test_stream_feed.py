@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -15,7 +14,7 @@ import pytest
 
 from draftgen.backends import wire
 from draftgen.backends.openai_chat import StreamAccumulator
-from draftgen.types import BackendError
+from tests.readings import outcome
 
 
 def _sse(final_newline: bool = True) -> bytes:
@@ -72,20 +71,9 @@ def test_feed_end_without_done_is_incomplete() -> None:
 # ---- the typed reading against the generic one ------------------------------------------------
 
 
-def _outcome(read: Callable[[], Any]) -> tuple[Any, ...]:
-    """What reading a stream gave: the answer, or the error with everything it carries."""
-    try:
-        return ("answer", read())
-    except BackendError as e:
-        return ("error", e.kind, e.message, e.retryable, e.status, e.usage,
-                e.permanent_for_backend)
-    except Exception as e:  # a stream the generic reading cannot handle either: the same failure
-        return ("crash", type(e).__name__, str(e))
-
-
 def _generic(stream: bytes) -> tuple[Any, ...]:
     """The reference: every line through `feed_line`, which reads each event with orjson."""
-    return _outcome(lambda: _by_lines(stream).finish())
+    return outcome(lambda: _by_lines(stream).finish())
 
 
 def _fed(stream: bytes, cuts: list[int]) -> tuple[Any, ...]:
@@ -98,7 +86,7 @@ def _fed(stream: bytes, cuts: list[int]) -> tuple[Any, ...]:
         else:
             acc.feed_end()
         return acc.finish()
-    return _outcome(read)
+    return outcome(read)
 
 
 def _event(payload: Any) -> bytes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -25,6 +25,7 @@ from draftgen.backends.openai_chat import (
 from draftgen.testing.server import TestServer
 from draftgen.tokenize import Tokenizer, ids_from_logprobs
 from draftgen.types import BackendError, LogprobTokens
+from tests.readings import outcome
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -65,23 +66,12 @@ def _fetch(server: TestServer, question: str, tools: list[Any] | None, **extra: 
     return asyncio.run(post())
 
 
-def _outcome(read: Callable[[], Any]) -> tuple[Any, ...]:
-    """What reading a body gave: the answer, or the error with everything it carries."""
-    try:
-        return ("answer", read())
-    except BackendError as e:
-        return ("error", e.kind, e.message, e.retryable, e.status, e.usage,
-                e.permanent_for_backend)
-    except Exception as e:  # a body the generic reading cannot handle either: the same failure
-        return ("crash", type(e).__name__, str(e))
-
-
 def _generic(raw: bytes) -> tuple[Any, ...]:
-    return _outcome(lambda: answer_from_json(parse_json_body(raw), {}))
+    return outcome(lambda: answer_from_json(parse_json_body(raw), {}))
 
 
 def _typed(raw: bytes) -> tuple[Any, ...]:
-    return _outcome(lambda: answer_from_body(raw, {}))
+    return outcome(lambda: answer_from_body(raw, {}))
 
 
 # ---- the test server's answers ----------------------------------------------------------------
@@ -110,7 +100,7 @@ def _fed(raw: bytes, size: int) -> tuple[Any, ...]:
         if not any(acc.feed(raw[i : i + size]) for i in range(0, len(raw), size)):
             acc.feed_end()
         return acc.finish()
-    return _outcome(read)
+    return outcome(read)
 
 
 def _by_lines(raw: bytes) -> tuple[Any, ...]:
@@ -119,7 +109,7 @@ def _by_lines(raw: bytes) -> tuple[Any, ...]:
         acc = StreamAccumulator()
         any(acc.feed_line(line) for line in raw.split(b"\n"))
         return acc.finish()
-    return _outcome(read)
+    return outcome(read)
 
 
 @pytest.mark.parametrize("logprobs", [False, True])
