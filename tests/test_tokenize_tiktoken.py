@@ -24,7 +24,7 @@ def hf_ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
 
 def fast_of(tok: Tokenizer) -> TiktokenEncoder:
     assert isinstance(tok, FastTokenizer)
-    fast = tok._fast_encoder()
+    fast = tok._fast_encoder(wait=True)
     assert fast is not None, "Qwen3's tokenizer.json is plain byte-level BPE: tiktoken must take it"
     return fast
 
@@ -77,10 +77,10 @@ def test_texts_normalization_could_change_go_through_hf(qwen3_tok: Tokenizer) ->
 def test_other_pipelines_stay_on_hf() -> None:
     """DeepSeek's pre-tokenizer is three Split regexes: nothing tiktoken's one regex matches."""
     ds = load_tokenizer(deepseek_r1_tokenizer_dir())
-    assert isinstance(ds, FastTokenizer) and ds._fast_encoder() is None
+    assert isinstance(ds, FastTokenizer) and ds._fast_encoder(wait=True) is None
     # The Qwen3 BPE padded with tokens no merge makes (tiktoken would emit a whole one).
     padded = family_tokenizer("gpt-oss")
-    assert isinstance(padded, FastTokenizer) and padded._fast_encoder() is None
+    assert isinstance(padded, FastTokenizer) and padded._fast_encoder(wait=True) is None
 
 
 def _variant(qwen3_dir: Path, tmp_path: Path, change: str) -> FastTokenizer:
@@ -107,7 +107,7 @@ def _variant(qwen3_dir: Path, tmp_path: Path, change: str) -> FastTokenizer:
 def test_what_tiktoken_cannot_reproduce_is_refused(qwen3_dir: Path, tmp_path: Path,
                                                     change: str) -> None:
     tok = _variant(qwen3_dir, tmp_path, change)
-    assert tok._fast_encoder() is None
+    assert tok._fast_encoder(wait=True) is None
     texts = ["Hello, world! <|im_end|> x", "  spaced  \n\nout", "日本語 123"]
     assert tok.encode_batch(texts) == hf_ids(tok, texts)
 
@@ -128,11 +128,11 @@ def test_a_sample_that_differs_refuses(qwen3_dir: Path, tmp_path: Path) -> None:
 def test_switched_off(qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRAFTGEN_TIKTOKEN", "0")
     tok = load_tokenizer(qwen3_dir)
-    assert isinstance(tok, FastTokenizer) and tok._fast_encoder() is None
+    assert isinstance(tok, FastTokenizer) and tok._fast_encoder(wait=True) is None
 
 
 def test_built_once_per_file(qwen3_dir: Path) -> None:
     a, b = load_tokenizer(qwen3_dir), load_tokenizer(qwen3_dir)
     assert isinstance(a, FastTokenizer) and isinstance(b, FastTokenizer)
-    assert a._fast_encoder() is b._fast_encoder() is not None
+    assert a._fast_encoder(wait=True) is b._fast_encoder(wait=True) is not None
     assert len(tokenize_tiktoken._built) >= 1

@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import logging
 import re
+import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -229,7 +230,7 @@ class FastTokenizer(Tokenizer):
         self._tok = backend
         self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
         self._tiktoken: TiktokenEncoder | None = None
-        self._tiktoken_built = False
+        self._tiktoken_build: threading.Thread | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -261,14 +262,22 @@ class FastTokenizer(Tokenizer):
             return []
         return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
 
-    def _fast_encoder(self) -> TiktokenEncoder | None:
-        """The tiktoken encoder, built at the first encode (~1 s, once per file and process;
-        None when it cannot give HF's IDs for this tokenizer, or `DRAFTGEN_TIKTOKEN=0`)."""
-        if not self._tiktoken_built:
-            self._tiktoken = tiktoken_encoder(self._tok, self.path, self.bytes_to_id,
-                                              self._hf_encode_batch)
-            self._tiktoken_built = True
+    def _fast_encoder(self, wait: bool = False) -> TiktokenEncoder | None:
+        """The tiktoken encoder; None while it is being built and when it cannot give HF's IDs
+        for this tokenizer (or `DRAFTGEN_TIKTOKEN=0`). Built once per file and process, on a
+        background thread started by the first encode (~0.5 s: a run's start does not wait
+        for it, HF encodes meanwhile, with the same IDs); `wait` waits for it."""
+        if self._tiktoken_build is None:
+            self._tiktoken_build = threading.Thread(
+                target=self._build_fast_encoder, name="draftgen-tiktoken", daemon=True)
+            self._tiktoken_build.start()
+        if wait:
+            self._tiktoken_build.join()
         return self._tiktoken
+
+    def _build_fast_encoder(self) -> None:
+        self._tiktoken = tiktoken_encoder(self._tok, self.path, self.bytes_to_id,
+                                          self._hf_encode_batch)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
