@@ -1734,6 +1734,8 @@ def _arg_parser() -> argparse.ArgumentParser:
         "--prices", type=lambda s: _pair(s, float), help="USD/M tokens: PROMPT,COMPLETION"
     )
     p.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
+    p.add_argument("--stream-interval", type=float, default=0.0,
+                   help="seconds between a stream's writes (8 events each; 0: all at once)")
     p.add_argument("--reasoning-tokens", type=lambda s: _pair(s, int), default=(30, 300))
     p.add_argument("--content-tokens", type=lambda s: _pair(s, int), default=(20, 200))
     p.add_argument("--strip-whitespace", action="store_true")
@@ -1777,6 +1779,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         providers=[p for p in args.providers.split(",") if p],
         prices=args.prices,
         latency_s=args.latency,
+        stream_interval_s=args.stream_interval,
         reasoning_tokens=args.reasoning_tokens,
         content_tokens=args.content_tokens,
         strip_whitespace=args.strip_whitespace,
