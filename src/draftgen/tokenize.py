@@ -17,7 +17,6 @@ import importlib
 import logging
 import re
 import threading
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -122,6 +121,7 @@ class Tokenizer(ABC):
         self._sha256: str | None = None
         self._bytes_to_id: dict[bytes, int] | None = None
         self._id_to_bytes: dict[int, bytes] | None = None
+        self._spelling_to_id: dict[bytes, int] | None = None
         self._join_checked: bool | None = None
         self._added_ids: list[int] = []
         """The added tokens' IDs, noted when `bytes_to_id` reads the vocabulary."""
@@ -172,6 +172,15 @@ class Tokenizer(ABC):
         if self._id_to_bytes is None:
             self._id_to_bytes = {v: k for k, v in self.bytes_to_id().items()}
         return self._id_to_bytes
+
+    def spelling_to_id(self) -> dict[bytes, int]:
+        """Each token's byte values as compact JSON (`b"[60,116]"`) → its ID (`bytes_to_id`),
+        built on the first answer that needs it (0.15 s and 14 MB for Qwen3's 151k tokens).
+        Two threads may both build it: the same table."""
+        if self._spelling_to_id is None:
+            self._spelling_to_id = {f"[{','.join(map(str, data))}]".encode(): tid
+                                    for data, tid in self.bytes_to_id().items()}
+        return self._spelling_to_id
 
     def text_of(self, ids: Sequence[int]) -> str:
         """`decode(ids)`, read from the byte table when that gives the same text (checked once
@@ -389,7 +398,7 @@ def last_logprob_id(tokenizer: Tokenizer, entries: Sequence[LogprobToken]) -> in
         return entries.ids[-1]
     token, sent = entries.tokens[-1], entries.sent_bytes()
     if sent is not None and not _TOKEN_ID_FORM.match(token):
-        tid = _spelling_table(tokenizer).get(sent.spelled.rpartition(b"|")[2])
+        tid = tokenizer.spelling_to_id().get(sent.spelled.rpartition(b"|")[2])
         if tid is not None:
             return tid
     return _unreported_id(tokenizer.bytes_to_id(), token, entries.bytes[-1])
@@ -427,6 +436,11 @@ def logprob_ids(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
     in the worker threads, once per answer token, an object per entry cost more than the
     lookups themselves."""
     columns = entries if isinstance(entries, LogprobTokens) else LogprobTokens.of(entries)
+    sent = columns.sent_bytes()
+    if sent is not None and columns.ids.count(None) == len(columns.ids):
+        by_spelling = _ids_by_spelling(tokenizer, columns, sent)
+        if by_spelling is not None:  # each entry's bytes are its ID's: no join to compare
+            return LogprobIds(by_spelling, sent.joined)
     ids = _entry_ids(tokenizer, columns)
     if ids is None:
         return None
@@ -449,11 +463,6 @@ def _entry_ids(tokenizer: Tokenizer, columns: LogprobTokens) -> list[int] | None
     """Each entry's own ID (see `logprob_token_id`); None when one maps to none."""
     if None not in columns.ids:  # every endpoint that reports IDs reports them all
         return list(columns.ids)  # type: ignore[arg-type]  # no None in it
-    sent = columns.sent_bytes()
-    if sent is not None and columns.ids.count(None) == len(columns.ids):
-        by_spelling = _ids_by_spelling(tokenizer, columns, sent)
-        if by_spelling is not None:
-            return by_spelling
     table = tokenizer.bytes_to_id()
     out: list[int] = []
     for reported, token, raw in zip(columns.ids, columns.tokens, columns.bytes, strict=True):
@@ -474,24 +483,8 @@ def _ids_by_spelling(tokenizer: Tokenizer, columns: LogprobTokens, sent: SentByt
     names the ID): the caller reads the bytes then."""
     if "token_id:" in "".join(columns.tokens):
         return None
-    ids = list(map(_spelling_table(tokenizer).get, sent.spelled.split(b"|")))
+    ids = list(map(tokenizer.spelling_to_id().get, sent.spelled.split(b"|")))
     return None if None in ids else ids  # type: ignore[return-value]  # no None in ids
-
-
-_SPELLING_TABLES: weakref.WeakKeyDictionary[Tokenizer, dict[bytes, int]] = (
-    weakref.WeakKeyDictionary())
-
-
-def _spelling_table(tokenizer: Tokenizer) -> dict[bytes, int]:
-    """Each token's byte values as compact JSON (`b"[60,116]"`) → its ID (`bytes_to_id`),
-    built on the first answer that needs it (0.15 s and 14 MB for Qwen3's 151k tokens) and
-    kept while the tokenizer lives. Two threads may both build it: the same table."""
-    table = _SPELLING_TABLES.get(tokenizer)
-    if table is None:
-        table = {f"[{','.join(map(str, data))}]".encode(): tid
-                 for data, tid in tokenizer.bytes_to_id().items()}
-        _SPELLING_TABLES[tokenizer] = table
-    return table
 
 
 def _matching_bytes(tokenizer: Tokenizer, columns: LogprobTokens, ids: list[int]
