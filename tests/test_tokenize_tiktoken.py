@@ -136,3 +136,36 @@ def test_built_once_per_file(qwen3_dir: Path) -> None:
     assert isinstance(a, FastTokenizer) and isinstance(b, FastTokenizer)
     assert a._fast_encoder(wait=True) is b._fast_encoder(wait=True) is not None
     assert len(tokenize_tiktoken._built) >= 1
+
+
+def test_public_encode_gives_the_core_ids(qwen3_tok: Tokenizer) -> None:
+    """Without tiktoken's core encoder (another tiktoken version), `Encoding.encode` is used:
+    the same IDs, added tokens included."""
+    core_path = fast_of(qwen3_tok)
+    assert type(core_path._encode.__self__).__name__ == "CoreBPE"  # type: ignore[attr-defined]
+    texts = ["Hello <|im_end|> wörld", "</think>\n\nx = 1", "<tool_call>{}</tool_call>", ""]
+
+    class PublicOnly:
+        def __init__(self, real: object) -> None:
+            self.encode = real.encode  # type: ignore[attr-defined]
+            self.special_tokens_set = real.special_tokens_set  # type: ignore[attr-defined]
+
+    real = core_path.encoding
+    public = TiktokenEncoder(PublicOnly(real), nfc=True)
+    assert [public.encode(t) for t in texts] == [core_path.encode(t) for t in texts] \
+        == hf_ids(qwen3_tok, texts)
+
+
+def test_an_encoder_that_fails_refuses(qwen3_dir: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "tokenizer.json"
+    file.write_bytes((qwen3_dir / "tokenizer.json").read_bytes())
+    tok = load_tokenizer(file)
+    assert isinstance(tok, FastTokenizer)
+
+    def fails(self: TiktokenEncoder, text: str) -> list[int]:
+        raise TypeError("encode() takes 2 positional arguments but 3 were given")
+
+    monkeypatch.setattr(TiktokenEncoder, "encode", fails)
+    backend = HFTokenizer.from_file(str(file))
+    assert tiktoken_encoder(backend, file, tok.bytes_to_id, tok._hf_encode_batch) is None

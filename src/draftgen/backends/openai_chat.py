@@ -7,7 +7,7 @@ A whole answer is read twice over: `answer_from_body` decodes its bytes into the
 (what `send` uses: less event-loop CPU per answer with logprobs), and falls back to the generic
 reading, `answer_from_json` (orjson, dict lookups, lenient about field types), for any body those
 types do not describe; the generic reading is the reference for what is kept and for every
-error. Streams are read the same way, event by event (`StreamAccumulator._take_decoded`,
+error. Streams are read the same way, event by event (`StreamAccumulator._take_typed`,
 falling back to the generic `feed_line` for any event the `wire` chunk types do not describe):
 ~40 % less CPU per streamed answer. With logprobs, the entries' bytes are checked and joined
 for the whole answer at once and their columns read only when asked for (`_decoded_logprobs`).
@@ -162,6 +162,18 @@ def _message_reasoning(message: wire.Message) -> str | None:
     if message.reasoning_content is not None:
         return message.reasoning_content
     return _details_text(wire.value(message.reasoning_details))
+
+
+def _is_utf8(data: bytes, end: int) -> bool:
+    """`data[:end]` is UTF-8 (orjson refuses an event that is not; msgspec does not check the
+    bytes of the fields it skips)."""
+    if data.isascii():
+        return True
+    try:
+        str(memoryview(data)[:end], "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _details_text(details: Any) -> str | None:
@@ -385,7 +397,7 @@ class StreamAccumulator:
     _partial: list[bytes] = field(default_factory=list, repr=False)
     """The start of a line whose end has not arrived yet."""
     _typed: bool = field(default=True, repr=False)
-    """Events are read through the `wire` types (`_take_decoded`); False once one had logprobs:
+    """Events are read through the `wire` types (`_take_typed`); False once one had logprobs:
     the types keep those as JSON text that orjson then parses, which costs more than the
     generic reading of the whole event."""
 
@@ -404,11 +416,13 @@ class StreamAccumulator:
         if last:
             self._partial.append(last)
         # Most lines are the blank one after each event or a `data: {...}` event the `wire`
-        # types describe: those are taken here; `feed_line` reads every other line.
-        take_decoded, feed_line = self._take_decoded, self.feed_line
+        # types describe: those are taken here; `feed_line` reads every other line. UTF-8 is
+        # checked once for the read's whole lines, not once per event.
+        utf8 = self._typed and _is_utf8(data, len(data) - len(last))
+        take_typed, feed_line = self._take_typed, self.feed_line
         for line in lines:
-            if not line or (
-                    self._typed and line.startswith(b"data: {") and take_decoded(line)):
+            if not line or (utf8 and self._typed and line.startswith(b"data: {")
+                            and take_typed(line)):
                 continue
             if feed_line(line):
                 return True
@@ -438,18 +452,21 @@ class StreamAccumulator:
         self._take_chunk(chunk)
         return False
 
-    def _take_decoded(self, line: bytes) -> bool:
-        """Take a `data: {...}` line through the `wire` types: what `feed_line` takes from it,
-        for less than half its CPU (msgspec builds no dict; a struct's fields are read faster
-        than a dict's keys). False, having taken nothing, when the types do not describe it or
-        it is an error event; False too when orjson refuses a free-form value in it, as it then
-        refuses the whole event. `feed_line` reads the line then, so every error is the
-        generic reading's, raised at the same event.
+    def _take_typed(self, line: bytes) -> bool:
+        """Take a `data: {...}` line of UTF-8 through the `wire` types: what `feed_line` takes
+        from it, for less than half its CPU (msgspec builds no dict; a struct's fields are read
+        faster than a dict's keys). False, having taken nothing, when the types do not
+        describe it or it is an error event; False too when orjson refuses a free-form value
+        in it, as it then refuses the whole event. `feed_line` reads the line then, so every
+        error is the generic reading's, raised at the same event.
 
         `_take_chunk` and `_take_choice` in one function, free-form fields parsed only when
         present: this runs once per event, about once per answer token."""
-        chunk = wire.decode_chunk(line[6:])
-        if chunk is None or chunk.error:
+        try:
+            chunk = wire.chunk_decoder.decode(line[6:])
+        except msgspec.MsgspecError:
+            return False
+        if chunk.error:
             return False
         data = self.data
         try:
@@ -464,9 +481,12 @@ class StreamAccumulator:
             for choice in chunk.choices or ():
                 delta = choice.delta
                 if delta is not None:
-                    # `_message_reasoning`'s first choice, checked here: no call on the events
-                    # that carry reasoning.
-                    reasoning = delta.reasoning or _message_reasoning(delta)
+                    # `_message_reasoning`, inlined: this runs for every event.
+                    reasoning = delta.reasoning
+                    if reasoning is None:
+                        reasoning = delta.reasoning_content
+                        if reasoning is None and delta.reasoning_details:
+                            reasoning = _details_text(wire.value(delta.reasoning_details))
                     if reasoning:
                         self.reasoning.append(reasoning)
                     if delta.content is not None:

@@ -127,7 +127,8 @@ class Chunk(msgspec.Struct, gc=False):
     """Present: an error event (the caller reads those generically)."""
 
 
-_chunk = msgspec.json.Decoder(Chunk)
+chunk_decoder = msgspec.json.Decoder(Chunk)
+"""`Chunk`s from UTF-8 (see `decode_chunk`)."""
 
 
 def decode_chunk(raw: bytes) -> Chunk | None:
@@ -141,6 +142,6 @@ def decode_chunk(raw: bytes) -> Chunk | None:
         except UnicodeDecodeError:
             return None
     try:
-        return _chunk.decode(raw)
+        return chunk_decoder.decode(raw)
     except msgspec.MsgspecError:
         return None
