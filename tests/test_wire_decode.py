@@ -233,6 +233,14 @@ ODD_BODIES: dict[str, bytes] = {
     "entry bytes spaced": b'{"choices": [{"finish_reason": "stop", "message": {"content": "ab"}, '
                           b'"logprobs": {"content": [{"token": "a", "bytes": [ 97 , 98 ]}, '
                           b'{"token": "", "bytes": [ ]}, {"token": "b", "bytes": [\n98]}]}}]}',
+    # Integers beyond 64 bits, where IDs are read: orjson reads them as floats.
+    "token_ids beyond 64 bits": _body({"message": {"content": "ab"}, "finish_reason": "stop",
+                                       "token_ids": [7]}).replace(
+        b"[7]", b"[18446744073709551616]"),
+    "prompt_token_ids beyond 64 bits": _body(prompt_token_ids=[7]).replace(
+        b"[7]", b"[-9223372036854775809]"),
+    "entry id beyond 64 bits": _body(_entries({"token": "a", "id": 7})).replace(
+        b'"id":7', b'"id":18446744073709551616'),
     "unknown fields everywhere": orjson.dumps({
         "id": "gen-1", "object": "chat.completion", "created": 1, "system_fingerprint": None,
         "new_thing": {"nested": [1, {"deep": None}]}, "choices": [{

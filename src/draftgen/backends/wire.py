@@ -24,6 +24,11 @@ import orjson
 
 _ABSENT = msgspec.Raw()
 
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+"""An integer that `orjson` reads as an int too: it reads one beyond 64 bits as a float, msgspec
+as an int (its bounds must fit 64 signed bits, so a value in 2**63..2**64-1 goes to the generic
+reading, which reads it alike)."""
+
 
 class LogprobEntry(msgspec.Struct, gc=False):
     """One `logprobs.content[]` entry: the sampled token (its alternatives are not read).
@@ -36,7 +41,7 @@ class LogprobEntry(msgspec.Struct, gc=False):
     """The JSON text of the byte values, as sent (empty when absent): checked and read as
     bytes for all entries at once (`openai_chat._decoded_logprobs`), a third of the CPU of
     building a tuple of ints per entry and a `bytes` from each."""
-    id: int | None = None
+    id: Int64 | None = None
 
 
 class Logprobs(msgspec.Struct, gc=False):
@@ -56,7 +61,7 @@ class Message(msgspec.Struct, gc=False):
 class Choice(msgspec.Struct, gc=False):
     message: Message | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = None
+    token_ids: list[Int64] | None = None
     """vLLM's `return_token_ids`."""
     logprobs: Logprobs | None = None
     error: msgspec.Raw = _ABSENT
@@ -71,7 +76,7 @@ class Completion(msgspec.Struct, gc=False):
     provider: str | None = None
     model: str | None = None
     id: str | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[Int64] | None = None
     """vLLM's `return_token_ids`."""
     error: msgspec.Raw = _ABSENT
     """Present: an error body (OpenRouter sends them with status 200 and as SSE events)."""
@@ -94,11 +99,6 @@ def value(raw: msgspec.Raw) -> Any:
 
 
 # ---- stream chunks -----------------------------------------------------------------------------
-
-Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-"""An integer that `orjson` reads as an int too: it reads one beyond 64 bits as a float, msgspec
-as an int (its bounds must fit 64 signed bits, so a value in 2**63..2**64-1 goes to the generic
-reading, which reads it alike)."""
 
 
 class ChunkChoice(msgspec.Struct, gc=False):
