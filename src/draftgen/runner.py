@@ -154,7 +154,9 @@ class Runner:
         self._fatal: str | None = None
         self._budget_stop: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._rebuild = OffLoopBatcher(self._rebuild_batch, max_batch=128)
+        self._rebuild = OffLoopBatcher(
+            self._rebuild_batch, max_batch=128,
+            in_thread=lambda: plan.tokenizer.batches_gain_from_a_thread)
 
     def _rebuild_batch(self, items: list[tuple[RawAnswer, Prompt]]) -> list[Rebuilt]:
         return self.plan.fmt.rebuild_batch([raw for raw, _ in items], [p for _, p in items])
@@ -501,7 +503,11 @@ class Runner:
                  if p.input_ids is None]
         loop = asyncio.get_running_loop()
         try:
-            prompts, rendered = await loop.run_in_executor(None, self._load_and_render, batch)
+            if self.plan.tokenizer.batches_gain_from_a_thread:
+                prompts, rendered = await loop.run_in_executor(None, self._load_and_render, batch)
+            else:  # read in a thread, rendered here (see `OffLoopBatcher`)
+                prompts = await loop.run_in_executor(None, self._load, batch)
+                rendered = self._render(prompts)
         except DatasetError as e:
             self._fatal = self._fatal or str(e)
             self._stopping = True
@@ -519,8 +525,14 @@ class Runner:
 
     def _load_and_render(self, batch: Sequence[Pending]
                          ) -> tuple[list[Prompt], list[list[int] | FormatError]]:
-        """In a worker thread: the batch's prompts (read from the table where not read yet)
-        and their rendering."""
+        prompts = self._load(batch)
+        return prompts, self._render(prompts)
+
+    def _render(self, prompts: list[Prompt]) -> list[list[int] | FormatError]:
+        return render_within(self.plan.fmt, prompts, self.cfg.model.context_length)
+
+    def _load(self, batch: Sequence[Pending]) -> list[Prompt]:
+        """The batch's prompts, read from the table where not read yet."""
         unread = [i for i, item in enumerate(batch) if item.prompt is None]
         prompts = [item.prompt for item in batch]
         if unread:
@@ -530,7 +542,7 @@ class Runner:
                 prompts[i] = prompt
         loaded = [p for p in prompts if p is not None]
         assert len(loaded) == len(batch)
-        return loaded, render_within(self.plan.fmt, loaded, self.cfg.model.context_length)
+        return loaded
 
     async def _drain(self) -> None:
         while self._tasks:

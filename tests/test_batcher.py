@@ -1,0 +1,116 @@
+"""`OffLoopBatcher`: single calls batched, each batch run in a worker thread or on the event
+loop, as `in_thread` says for that batch; the tokenizers say which suits them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from draftgen.testing.assets import deepseek_r1_tokenizer_dir
+from draftgen.tokenize import FastTokenizer, OffLoopBatcher, Tokenizer, load_tokenizer
+
+
+class Recorder:
+    """A batch function that notes each batch's items and thread."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.batches: list[list[int]] = []
+        self.threads: list[int] = []
+        self.fail_on = fail_on
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(items)
+        self.threads.append(threading.get_ident())
+        if self.fail_on in items:
+            raise ValueError(f"bad item {self.fail_on}")
+        return [i * 10 for i in items]
+
+
+async def _call_all(batcher: OffLoopBatcher[int, int], items: range) -> list[int | str]:
+    results = await asyncio.gather(*(batcher(i) for i in items), return_exceptions=True)
+    return [r if isinstance(r, int) else f"{type(r).__name__}: {r}" for r in results]
+
+
+@pytest.mark.parametrize("in_thread", [True, False])
+def test_every_caller_gets_its_own_result_in_batches(in_thread: bool) -> None:
+    fn = Recorder()
+
+    async def main() -> tuple[list[int | str], int]:
+        batcher = OffLoopBatcher(fn, max_batch=4, in_thread=lambda: in_thread)
+        return await _call_all(batcher, range(10)), threading.get_ident()
+
+    results, loop_thread = asyncio.run(main())
+    assert results == [i * 10 for i in range(10)]
+    assert [len(b) for b in fn.batches] == [4, 4, 2]
+    assert sorted(i for b in fn.batches for i in b) == list(range(10))
+    on_loop = [t == loop_thread for t in fn.threads]
+    assert on_loop == [not in_thread] * 3
+
+
+def test_the_choice_is_asked_for_each_batch() -> None:
+    fn = Recorder()
+    answers = iter([False, True, False])
+
+    async def main() -> int:
+        batcher = OffLoopBatcher(fn, max_batch=3, in_thread=lambda: next(answers))
+        assert await _call_all(batcher, range(9)) == [i * 10 for i in range(9)]
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert [t == loop_thread for t in fn.threads] == [True, False, True]
+
+
+def test_the_loop_runs_between_batches_run_on_it() -> None:
+    fn = Recorder()
+    events: list[str] = []
+
+    def batch(items: list[int]) -> list[int]:
+        events.append(f"batch {items}")
+        return fn(items)
+
+    async def ticker() -> None:
+        for _ in range(10):
+            events.append("tick")
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        batcher = OffLoopBatcher(batch, max_batch=2, in_thread=lambda: False)
+        await asyncio.gather(_call_all(batcher, range(6)), ticker())
+
+    asyncio.run(main())
+    batches = [i for i, e in enumerate(events) if e.startswith("batch")]
+    assert len(batches) == 3
+    assert all("tick" in events[a:b] for a, b in pairwise(batches))
+
+
+@pytest.mark.parametrize("in_thread", [True, False])
+def test_a_failed_batch_fails_its_callers_only(in_thread: bool) -> None:
+    fn = Recorder(fail_on=5)
+
+    async def main() -> list[int | str]:
+        return await _call_all(OffLoopBatcher(fn, max_batch=4, in_thread=lambda: in_thread),
+                               range(10))
+
+    results = asyncio.run(main())
+    assert results == [0, 10, 20, 30, *["ValueError: bad item 5"] * 4, 80, 90]
+
+
+def test_tiktoken_batches_run_on_the_loop_hf_batches_in_a_thread(
+        qwen3_tok: Tokenizer, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tiktoken releases the GIL per text: on the loop. HF's `encode_batch` releases it for the
+    whole batch: in a thread, until tiktoken is ready and where it cannot be used."""
+    assert isinstance(qwen3_tok, FastTokenizer)
+    qwen3_tok._fast_encoder(wait=True)
+    assert not qwen3_tok.batches_gain_from_a_thread
+    deepseek = load_tokenizer(deepseek_r1_tokenizer_dir())
+    assert isinstance(deepseek, FastTokenizer)
+    assert deepseek._fast_encoder(wait=True) is None
+    assert deepseek.batches_gain_from_a_thread
+    monkeypatch.setenv("DRAFTGEN_TIKTOKEN", "0")
+    off = load_tokenizer(qwen3_dir)
+    assert isinstance(off, FastTokenizer) and off._fast_encoder(wait=True) is None
+    assert off.batches_gain_from_a_thread
