@@ -204,3 +204,52 @@ def test_where_keeps_dataset_positions_and_loads_the_kept_rows(tmp_path: Path, d
     assert part.positions.tolist() == np.flatnonzero(keep).tolist()
     assert list(part) == [p for p, k in zip(everything, keep, strict=True) if k]
     assert part.ids == [p.id for p in part]
+
+
+def _read_back(places: list[Any]) -> list[tuple[Any, ...]]:
+    from draftgen.datasets.readers import Row, rows_at
+
+    return [(r.data, r.source, r.at) if isinstance(r, Row) else (r.source, r.reason)
+            for r in rows_at(places)]
+
+
+@pytest.mark.parametrize(("gap", "most"), [(64 * 1024, 8 * 1024 * 1024), (0, 10**9), (0, 300)])
+def test_rows_read_by_span_are_the_rows_read_one_by_one(
+        tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch, gap: int, most: int) -> None:
+    """Rows in any order, from two files, some twice: read in spans (one `pread` each), they
+    are the rows the located parse gave, in the order asked."""
+    from draftgen.datasets import readers
+
+    other = write_jsonl(tmp_path / "other.jsonl", mixed_rows(7))
+    located = [r for r in readers.located_jsonl_rows([data, other])
+               if isinstance(r, readers.Row)]
+    rng = np.random.default_rng(3)
+    picks = [int(i) for i in rng.permutation(len(located))] + [0, 5, 5, len(located) - 1]
+    places = [located[i].at for i in picks]
+    expected = [(located[i].data, located[i].source, located[i].at) for i in picks]
+    monkeypatch.setattr(readers, "SPAN_GAP", gap)
+    monkeypatch.setattr(readers, "SPAN_MAX", most)
+    reads: list[int] = []
+    real = os.pread
+
+    def counted(fd: int, length: int, offset: int) -> bytes:
+        reads.append(length)
+        return real(fd, length, offset)
+
+    monkeypatch.setattr(readers.os, "pread", counted)
+    assert _read_back(places) == expected
+    if gap:
+        assert len(reads) == 2, "rows a few bytes apart: one read per file"
+    else:  # the bad rows between good ones are gaps; spans of at most `most` bytes
+        assert 2 < len(reads) < len(places)
+        assert max(reads) <= max(most, max(p.length for p in places))
+
+
+def test_a_row_cut_short_by_a_changed_file_reads_as_a_bad_row(tmp_path: Path) -> None:
+    from draftgen.datasets import readers
+
+    path = write_jsonl(tmp_path / "data.jsonl", mixed_rows(5))
+    located = [r for r in readers.located_jsonl_rows([path]) if isinstance(r, readers.Row)]
+    path.write_bytes(path.read_bytes()[:located[3].at.offset + 5])
+    rows = readers.rows_at([r.at for r in located])
+    assert [isinstance(r, readers.Row) for r in rows] == [True, True, True, False, False]
