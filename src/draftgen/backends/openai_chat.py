@@ -164,18 +164,6 @@ def _message_reasoning(message: wire.Message) -> str | None:
     return _details_text(wire.value(message.reasoning_details))
 
 
-def _is_utf8(data: bytes, end: int) -> bool:
-    """`data[:end]` is UTF-8 (orjson refuses an event that is not; msgspec does not check the
-    bytes of the fields it skips)."""
-    if data.isascii():
-        return True
-    try:
-        str(memoryview(data)[:end], "utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _details_text(details: Any) -> str | None:
     """The text of OpenRouter's `reasoning_details` entries, if any has text."""
     if isinstance(details, list):
@@ -418,7 +406,7 @@ class StreamAccumulator:
         # Most lines are the blank one after each event or a `data: {...}` event the `wire`
         # types describe: those are taken here; `feed_line` reads every other line. UTF-8 is
         # checked once for the read's whole lines, not once per event.
-        utf8 = self._typed and _is_utf8(data, len(data) - len(last))
+        utf8 = self._typed and wire.is_utf8(data, len(data) - len(last))
         take_typed, feed_line = self._take_typed, self.feed_line
         for line in lines:
             if not line or (utf8 and self._typed and line.startswith(b"data: {")

@@ -136,12 +136,21 @@ def decode_chunk(raw: bytes) -> Chunk | None:
     msgspec skips the fields it does not read without checking their bytes, where `orjson`
     refuses the whole event. (Both refuse a number beyond float range, except that msgspec skips
     one in a field it does not read: the one input on which the two readings differ.)"""
-    if not raw.isascii():
-        try:
-            raw.decode()
-        except UnicodeDecodeError:
-            return None
+    if not is_utf8(raw, len(raw)):
+        return None
     try:
         return chunk_decoder.decode(raw)
     except msgspec.MsgspecError:
         return None
+
+
+def is_utf8(data: bytes, end: int) -> bool:
+    """`data[:end]` is UTF-8: `orjson` refuses JSON that is not, msgspec does not check the
+    bytes of the fields it skips (`decode_chunk`, and the stream reader for a read's lines)."""
+    if data.isascii():
+        return True
+    try:
+        str(memoryview(data)[:end], "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

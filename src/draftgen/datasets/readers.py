@@ -108,7 +108,7 @@ def rows_at(places: list[RowAt]) -> list[Row | BadRow]:
     then waits for a busy event loop to hand it back, up to 5 ms, once per call)."""
     out: list[Row | BadRow | None] = [None] * len(places)
     handles: dict[str, int] = {}
-    at = places[0] if places else None
+    at: RowAt | None = None
     try:
         for span in _spans(places):
             at = places[span[0]]
