@@ -260,7 +260,7 @@ def test_records_equal_with_typed_and_generic_decoding(
     with TestServer(mode="openrouter", noncanonical_rate=0.3, prices=(0.5, 2.5)) as server:
         for name in ("typed", "generic"):
             if name == "generic":
-                monkeypatch.setattr(openai_chat, "answer_from_body", lambda raw, headers:
+                monkeypatch.setattr(openai_chat, "answer_from_body", lambda raw, headers, _:
                                     answer_from_json(parse_json_body(raw), headers))
             cfg = write_config(tmp_path / name, qwen3_dir, backends=[
                 fast_backend("or", "openrouter", server.url + "/api/v1", concurrency=16,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,13 @@ from draftgen.backends.openai_chat import (
     answer_from_json,
 )
 from draftgen.testing.server import TestServer
-from draftgen.tokenize import Tokenizer, ids_from_logprobs
+from draftgen.tokenize import (
+    Tokenizer,
+    TokenSpellings,
+    ids_from_logprobs,
+    last_logprob_id,
+    logprob_ids,
+)
 from draftgen.types import BackendError, LogprobTokens
 from tests.readings import outcome
 
@@ -308,6 +315,7 @@ def test_a_logprob_beyond_float_range_is_not_read() -> None:
     answer = answer_from_body(raw, {})
     assert answer.logprobs is not None and answer.logprobs.logprobs == [None, None]
     assert answer.logprobs.bytes == [b"a", b"a"] and answer.logprobs.ids == [64, 64]
+    assert answer.logprobs.tokens == ["", ""]  # nor their tokens
 
 
 def test_unknown_fields_never_leave_the_typed_reading() -> None:
@@ -315,7 +323,7 @@ def test_unknown_fields_never_leave_the_typed_reading() -> None:
     assert decoded is not None and decoded.choices
     logprobs = decoded.choices[0].logprobs
     assert logprobs is not None
-    assert logprobs.content == [wire.LogprobEntry("a", msgspec.Raw(b"[97]"), 64)]
+    assert logprobs.content == [wire.LogprobEntry(msgspec.Raw(b"[97]"), 64)]
 
 
 @pytest.mark.parametrize(("name", "kind", "message"), [
@@ -330,3 +338,78 @@ def test_errors_name_what_is_wrong(name: str, kind: str, message: str) -> None:
     with pytest.raises(BackendError, match=message) as err:
         answer_from_body(ODD_BODIES[name], {})
     assert err.value.kind == kind
+
+
+# ---- logprob bytes read through the target's spellings ------------------------------------------
+
+
+@pytest.mark.parametrize(("question", "tools"), QUESTIONS)
+def test_answers_read_through_spellings_alike(server: TestServer, qwen3_tok: Tokenizer,
+                                              question: str, tools: list[Any] | None) -> None:
+    """The test server's answers read with the target's spellings: what the generic reading
+    gives, every entry's bytes known by its token's spelling, the same IDs recovered."""
+    raw = _fetch(server, question, tools, logprobs=True)
+    spellings = TokenSpellings(qwen3_tok)
+    answer, generic = answer_from_body(raw, {}, spellings), _generic(raw)
+    assert answer.logprobs is not None
+    sent = answer.logprobs.sent_bytes()
+    assert sent is not None and sent.ids is not None
+    n = answer.usage.completion_tokens
+    assert logprob_ids(qwen3_tok, answer.logprobs, n) == logprob_ids(
+        qwen3_tok, generic[1].logprobs, n)
+    assert outcome(lambda: answer_from_body(raw, {}, spellings)) == generic
+
+
+def _spelled_entry(rng: random.Random, tok: Tokenizer, tid: int, rid: int | None
+                   ) -> tuple[bytes, str]:
+    """One entry of token `tid` reporting ID `rid`, its bytes spelled one of the ways endpoints
+    send them (or get wrong), and how."""
+    data = tok.id_to_bytes(tid) or b""
+    compact = orjson.dumps(list(data))
+    how = rng.choices(["compact", "spaced", "other token", "not bytes", "absent", "null"],
+                      [30, 2, 2, 1, 1, 1])[0]
+    spelled = {"compact": compact, "spaced": compact.replace(b",", b", "),
+               "other token": orjson.dumps(list(tok.id_to_bytes(tid + 1) or b"x")),
+               "not bytes": b"[256]", "absent": b"", "null": b"null"}[how]
+    token = f"token_id:{tid + 2}" if rng.random() < 0.05 else data.decode("utf-8", "replace")
+    return (b'{"token":' + orjson.dumps(token) + (b',"bytes":' + spelled if spelled else b"")
+            + b',"logprob":-0.5' + (b"" if rid is None else b',"id":%d' % rid) + b"}"), how
+
+
+def test_random_entries_read_through_spellings_alike(qwen3_tok: Tokenizer) -> None:
+    """Answers whose entries report their IDs, or none, or some, right or wrong, and spell
+    their bytes compactly, spaced, as another token, not as bytes, or not at all: read with the
+    target's spellings they give what the generic reading gives, and the same IDs; the bytes
+    are known by spelling exactly when every entry is spelled compactly and the IDs, where
+    reported, are the spelled tokens' (all reported or none)."""
+    rng = random.Random(5)
+    spellings = TokenSpellings(qwen3_tok)
+    vocab = [t for t in range(0, 151_000, 7) if qwen3_tok.id_to_bytes(t)
+             and qwen3_tok.id_to_bytes(t + 1)]
+    seen: Counter[bool] = Counter()
+    for _ in range(300):
+        tids = [rng.choice(vocab) for _ in range(rng.randrange(1, 6))]
+        report = rng.choice(["all", "none", "some", "wrong"])
+        parts, hows, reported = [], [], []
+        for i, tid in enumerate(tids):
+            rid = {"all": tid, "none": None, "some": tid if i % 2 else None,
+                   "wrong": tid + (i == 0)}[report]
+            entry, how = _spelled_entry(rng, qwen3_tok, tid, rid)
+            parts.append(entry)
+            hows.append(how)
+            reported.append(rid)
+        raw = (b'{"choices":[{"finish_reason":"stop","message":{"content":"ab"},'
+               b'"logprobs":{"content":[' + b",".join(parts) + b"]}}]}")
+        generic = _generic(raw)
+        assert outcome(lambda raw=raw: answer_from_body(raw, {}, spellings)) == generic, raw
+        if generic[0] != "answer":
+            continue
+        reference = generic[1].logprobs
+        read = [answer_from_body(raw, {}, spellings).logprobs for _ in range(2)]
+        sent = read[0].sent_bytes()
+        known = set(hows) == {"compact"} and reported in (tids, [None] * len(tids))
+        assert (sent is not None and sent.ids == tids) == known, raw
+        seen[known] += 1
+        assert logprob_ids(qwen3_tok, read[0]) == logprob_ids(qwen3_tok, reference), raw
+        assert last_logprob_id(qwen3_tok, read[1]) == last_logprob_id(qwen3_tok, reference), raw
+    assert seen[True] > 50 and seen[False] > 50

@@ -315,6 +315,8 @@ class Runner:
             async with ManagedServers(self.cfg.backends, run_dir=self.root,
                                       max_tokens=self.cfg.sampling.max_tokens) as configs:
                 backends = [make_backend(b, self.cfg.model, self.cfg.sampling) for b in configs]
+                for backend in backends:
+                    backend.use_vocabulary(self.plan.tokenizer)
                 await self._run_with(backends)
         except (ManagedServerError, BackendNotReady) as e:
             self._fatal = str(e)

@@ -392,6 +392,42 @@ _TOKEN_ID_FORM = re.compile(r"token_id:(\d+)\Z")
 """vLLM's `return_tokens_as_token_ids` spelling of a logprob token."""
 
 
+class TokenSpellings:
+    """A vocabulary's tokens as the compact JSON text of their byte values (`b"[60,116]"`), both
+    ways: what a chat backend reads logprob entries' bytes through (`openai_chat`), one lookup
+    per entry, where parsing them costs ~40 µs of the event loop per answer. Built on first use
+    (`Tokenizer.spelling_to_id`, ~0.2 s for Qwen3's 151k tokens)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._by_id: dict[int, bytes] | None = None
+
+    def spelled_ids(self, spelled: bytes, reported: list[int | None]) -> list[int] | None:
+        """The IDs whose spellings, joined by "|", are `spelled` (each entry's bytes as sent,
+        joined by "|"), one per entry: the `reported` IDs when every entry reports one, else
+        when none does, each entry's by its spelling. None otherwise: an entry spelled another
+        way (spaces, not byte values, no such token), IDs reported by some entries only."""
+        if None not in reported:
+            try:
+                own = b"|".join(map(self._spelling_of_id().__getitem__, reported))
+            except KeyError:
+                return None
+            return reported if own == spelled else None  # type: ignore[return-value]  # no None
+        if reported.count(None) != len(reported):
+            return None
+        ids = list(map(self._tokenizer.spelling_to_id().get, spelled.split(b"|")))
+        return None if None in ids or len(ids) != len(reported) else ids  # type: ignore[return-value]
+
+    def joined(self, ids: list[int]) -> bytes:
+        """The IDs' bytes end to end (`Tokenizer.bytes_of`)."""
+        return self._tokenizer.bytes_of(ids)
+
+    def _spelling_of_id(self) -> dict[int, bytes]:
+        if self._by_id is None:
+            self._by_id = {tid: text for text, tid in self._tokenizer.spelling_to_id().items()}
+        return self._by_id
+
+
 def logprob_token_id(tokenizer: Tokenizer, entry: LogprobToken) -> int | None:
     """One sampled token's vocabulary ID: its reported `id`, else its bytes (or its text, when
     the endpoint gave no bytes) through the tokenizer's inverted byte table."""
@@ -420,12 +456,14 @@ def last_logprob_id(tokenizer: Tokenizer, entries: Sequence[LogprobToken]) -> in
         return logprob_token_id(tokenizer, entries[-1])
     if entries.ids[-1] is not None:
         return entries.ids[-1]
-    token, sent = entries.tokens[-1], entries.sent_bytes()
-    if sent is not None and not _TOKEN_ID_FORM.match(token):
+    sent = entries.sent_bytes()
+    if sent is not None and not (sent.may_name_ids and _TOKEN_ID_FORM.match(entries.tokens[-1])):
+        if sent.ids is not None:
+            return sent.ids[-1]
         tid = tokenizer.spelling_to_id().get(sent.spelled.rpartition(b"|")[2])
         if tid is not None:
             return tid
-    return _unreported_id(tokenizer.bytes_to_id(), token, entries.bytes[-1])
+    return _unreported_id(tokenizer.bytes_to_id(), entries.tokens[-1], entries.bytes[-1])
 
 
 class LogprobIds(NamedTuple):
@@ -461,6 +499,9 @@ def logprob_ids(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
     lookups themselves."""
     columns = entries if isinstance(entries, LogprobTokens) else LogprobTokens.of(entries)
     sent = columns.sent_bytes()
+    if sent is not None and sent.ids is not None and (
+            None not in columns.ids or not _may_name_ids(columns, sent)):
+        return LogprobIds(list(sent.ids), sent.joined)  # each entry's bytes spell its ID
     if sent is not None and columns.ids.count(None) == len(columns.ids):
         by_spelling = _ids_by_spelling(tokenizer, columns, sent)
         if by_spelling is not None:  # each entry's bytes are its ID's: no join to compare
@@ -505,10 +546,15 @@ def _ids_by_spelling(tokenizer: Tokenizer, columns: LogprobTokens, sent: SentByt
     the bytes costs a list and a `bytes` per entry. None when an entry's spelling is not in
     the table (spaces, or no such token), or a token might be vLLM's `token_id:N` (its text
     names the ID): the caller reads the bytes then."""
-    if "token_id:" in "".join(columns.tokens):
+    if _may_name_ids(columns, sent):
         return None
     ids = list(map(tokenizer.spelling_to_id().get, sent.spelled.split(b"|")))
     return None if None in ids else ids  # type: ignore[return-value]  # no None in ids
+
+
+def _may_name_ids(columns: LogprobTokens, sent: SentBytes) -> bool:
+    """Whether an entry's token may be vLLM's `token_id:N` (which names the ID to use)."""
+    return sent.may_name_ids and "token_id:" in "".join(columns.tokens)
 
 
 def _matching_bytes(tokenizer: Tokenizer, columns: LogprobTokens, ids: list[int]

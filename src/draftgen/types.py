@@ -81,6 +81,13 @@ class SentBytes:
     """Every entry's byte values end to end."""
     spelled: bytes
     """Each entry's byte values as the JSON text sent, joined by "|": `b"[60,116]|[10]"`."""
+    ids: list[int] | None = None
+    """The vocabulary IDs whose bytes the entries' are, entry by entry, when the backend read
+    them through the target's spellings (`tokenize.TokenSpellings`): each entry's bytes were
+    then sent exactly as that token's compact spelling, and its reported `id`, if any, is it."""
+    may_name_ids: bool = True
+    """Whether an entry's `token` may be vLLM's `token_id:N` spelling, which names its ID
+    (False: the answer's body does not hold that text). Only read for entries without `id`."""
 
 
 class LogprobTokens(Sequence[LogprobToken]):
@@ -90,26 +97,42 @@ class LogprobTokens(Sequence[LogprobToken]):
     re-scanning them (docs/benchmarks.md, client throughput). Reads as a sequence of
     `LogprobToken`, each built when asked for.
 
-    The `bytes` and `logprobs` columns can be given as functions that read them, called when
-    the column is first asked for: the chat backends read the tokens and IDs as they decode an
-    answer and leave the rest to whoever needs it (recovering IDs reads no logprob value, and
-    no entry's bytes when the `sent_bytes` they keep match the IDs)."""
+    The `tokens`, `bytes` and `logprobs` columns can be given as functions that read them,
+    called when the column is first asked for: the chat backends read the IDs as they decode an
+    answer and leave the rest to whoever needs it (recovering IDs reads no logprob value, no
+    token text when the entries report IDs or their bytes are tokens' spellings, and no entry's
+    bytes when the `sent_bytes` they keep match the IDs). The `ids` column gives the length."""
 
-    __slots__ = ("_bytes", "_logprobs", "_sent", "ids", "tokens")
+    __slots__ = ("_bytes", "_logprobs", "_sent", "_tokens", "ids")
 
-    def __init__(self, tokens: list[str] | None = None,
+    def __init__(self, tokens: _Column[str] | None = None,
                  bytes: _Column[EntryBytes] | None = None,
                  ids: list[int | None] | None = None,
                  logprobs: _Column[float | None] | None = None, *,
                  sent: SentBytes | None = None) -> None:
-        self.tokens = tokens if tokens is not None else []
-        self.ids = ids if ids is not None else [None] * len(self.tokens)
-        self._bytes = bytes if bytes is not None else [None] * len(self.tokens)
-        self._logprobs = logprobs if logprobs is not None else [None] * len(self.tokens)
+        if ids is None:
+            if callable(tokens):
+                raise ValueError("LogprobTokens: a deferred tokens column needs the ids column")
+            ids = [None] * len(tokens or ())
+        self.ids = ids
+        n = len(ids)
+        self._tokens = tokens if tokens is not None else [""] * n
+        self._bytes = bytes if bytes is not None else [None] * n
+        self._logprobs = logprobs if logprobs is not None else [None] * n
         self._sent = sent
-        if not all(len(c) == len(self.tokens) for c in (self.ids, self._bytes, self._logprobs)
+        if not all(len(c) == n for c in (self._tokens, self._bytes, self._logprobs)
                    if isinstance(c, list)):
             raise ValueError("LogprobTokens: columns of different lengths")
+
+    @property
+    def tokens(self) -> list[str]:
+        if not isinstance(self._tokens, list):
+            self._tokens = self._read(self._tokens)
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, column: list[str]) -> None:
+        self._tokens = column
 
     @property
     def bytes(self) -> list[EntryBytes]:
@@ -136,7 +159,7 @@ class LogprobTokens(Sequence[LogprobToken]):
 
     def _read(self, read: Callable[[], list[_T]]) -> list[_T]:
         column = read()
-        if len(column) != len(self.tokens):
+        if len(column) != len(self.ids):
             raise ValueError("LogprobTokens: columns of different lengths")
         return column
 
@@ -160,7 +183,7 @@ class LogprobTokens(Sequence[LogprobToken]):
         self.logprobs.append(entry.logprob)
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.ids)
 
     @overload
     def __getitem__(self, index: int) -> LogprobToken: ...

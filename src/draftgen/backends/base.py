@@ -8,7 +8,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -16,6 +16,9 @@ import orjson
 from draftgen.backends.router import wait_for_fleet
 from draftgen.config import BackendConfig, ModelConfig, Price, SamplingConfig
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
+
+if TYPE_CHECKING:
+    from draftgen.tokenize import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,12 @@ class Backend(ABC):
         if self._session is None:
             raise RuntimeError(f"backend {self.name!r} used before start()")
         return self._session
+
+    def use_vocabulary(self, tokenizer: Tokenizer) -> None:
+        """The target's tokenizer, for a backend that reads what the endpoint sends through
+        it (the chat backends check logprob entries' bytes by its tokens' spellings). Others
+        do not need it."""
+        return None
 
     async def listed_price(self) -> Price | None:
         """The price the endpoint itself lists for the model, where it has such a listing."""

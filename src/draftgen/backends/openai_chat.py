@@ -34,6 +34,7 @@ from draftgen.backends.base import (
     transport_error,
 )
 from draftgen.config import Price
+from draftgen.tokenize import Tokenizer, TokenSpellings
 from draftgen.types import BackendError, LogprobTokens, Prompt, RawAnswer, SentBytes
 
 _DEFAULT_OPENROUTER_REASONING = {"enabled": True}
@@ -55,6 +56,11 @@ class OpenAIChatBackend(Backend):
             reports_cost=flavour == "openrouter",
         )
         self.url = chat_url(self.cfg.url)
+        self._spellings: TokenSpellings | None = None
+
+    def use_vocabulary(self, tokenizer: Tokenizer) -> None:
+        if self.cfg.logprobs:
+            self._spellings = TokenSpellings(tokenizer)
 
     async def listed_price(self) -> Price | None:
         """OpenRouter's /models listing: `pricing.prompt` / `pricing.completion` in USD per
@@ -109,7 +115,7 @@ class OpenAIChatBackend(Backend):
         body = self.build_body(prompt, max_tokens)
         if not self.cfg.stream:
             raw, headers = await self.post_bytes(self.url, body)
-            return answer_from_body(raw, headers)
+            return answer_from_body(raw, headers, self._spellings)
         try:
             async with self.session.post(self.url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
@@ -118,7 +124,7 @@ class OpenAIChatBackend(Backend):
                 if resp.content_type == "application/json":
                     # Not a stream: an error body sent with 200, or a server that ignores
                     # "stream": read it as the JSON answer it is.
-                    return answer_from_body(await resp.read(), resp.headers)
+                    return answer_from_body(await resp.read(), resp.headers, self._spellings)
                 acc = StreamAccumulator(request_id=resp.headers.get("X-Generation-Id"))
                 # Whatever arrived, split into lines here: an await per network read instead
                 # of one per SSE line (about 3x less event-loop time per streamed answer).
@@ -206,25 +212,37 @@ def _logprobs_of(choice: Mapping[str, Any], into: LogprobTokens | None = None
     return out
 
 
-def _decoded_logprobs(logprobs: wire.Logprobs | None, body: bytes) -> LogprobTokens | None:
+def _decoded_logprobs(logprobs: wire.Logprobs | None, body: bytes,
+                      spellings: TokenSpellings | None = None) -> LogprobTokens | None:
     """`_logprobs_of` a decoded choice's `logprobs` (`body` is the answer they come from): the
-    tokens and IDs a column at a time (comprehensions read a struct's fields faster than
-    `operator.attrgetter`), every entry's bytes checked at once (`_joined_bytes`) and the
-    `bytes` column left to be read when asked for, like the logprob values: recovering IDs
-    reads neither when the entries' bytes, end to end, are the IDs' own. ValueError when an
-    entry's `bytes` is neither a list of byte values nor null."""
+    IDs a column at a time (a comprehension reads a struct's fields faster than
+    `operator.attrgetter`), the entries' bytes checked for the whole answer at once, and every
+    other column left to be read when asked for: recovering IDs reads none of them when the
+    entries' bytes, end to end, are the IDs' own.
+
+    The bytes are checked by the target's `spellings` when given: when each entry's are sent
+    exactly as a token's compact spelling (the reported ID's, if any), they are that token's
+    and nothing is parsed (`SentBytes.ids`). Otherwise they are parsed (`_joined_bytes`).
+    ValueError when an entry's `bytes` is neither a list of byte values nor null."""
     if logprobs is None or logprobs.content is None:
         return None
     entries = logprobs.content
     spelled = [e.bytes for e in entries]
     text = b"|".join(spelled)
-    joined = _joined_bytes(text)
+    ids = [e.id for e in entries]
+    n = len(entries)
+    may_name_ids = None in ids and b"token_id:" in body
+    found = spellings.spelled_ids(text, ids) if spellings is not None else None
+    if found is not None:
+        joined: bytes | None = spellings.joined(found)  # type: ignore[union-attr]  # found: set
+    else:
+        joined = _joined_bytes(text)
     return LogprobTokens(
-        tokens=[e.token for e in entries],
+        tokens=partial(_logprob_tokens, body, n),
         bytes=_checked_bytes(spelled) if joined is None else partial(_listed_bytes, text),
-        ids=[e.id for e in entries],
-        logprobs=partial(_logprob_values, body, len(entries)),
-        sent=None if joined is None else SentBytes(joined, text),
+        ids=ids,
+        logprobs=partial(_logprob_values, body, n),
+        sent=None if joined is None else SentBytes(joined, text, found, may_name_ids),
     )
 
 
@@ -279,11 +297,22 @@ def _logprob_values(body: bytes, count: int) -> list[Any]:
     Not decoding them lets through one body that the generic reading refuses: a value beyond
     float range (`-1e400`; orjson refuses the whole body, msgspec skips a field it does not
     read without checking it). Its values read as None: what they hold cannot be said."""
+    return _entry_fields(body, count, "logprob", None)
+
+
+def _logprob_tokens(body: bytes, count: int) -> list[Any]:
+    """The `tokens` column, read like `_logprob_values` (as "" from a body orjson refuses)."""
+    return _entry_fields(body, count, "token", "")
+
+
+def _entry_fields(body: bytes, count: int, key: str, unreadable: Any) -> list[Any]:
+    """Each logprob entry's `key`, as the generic reading reads it ("token" defaults to "")."""
     try:
         content = orjson.loads(body)["choices"][0]["logprobs"]["content"]
     except orjson.JSONDecodeError:
-        return [None] * count
-    return [e.get("logprob") for e in content]
+        return [unreadable] * count
+    default = "" if key == "token" else None
+    return [e.get(key, default) for e in content]
 
 
 def _bad_bytes(content: list[Any], entry: Any) -> BackendError:
@@ -329,16 +358,18 @@ def answer_from_json(data: Any, headers: Mapping[str, str]) -> RawAnswer:
 _EMPTY_MESSAGE = wire.Message()
 
 
-def answer_from_body(raw: bytes, headers: Mapping[str, str]) -> RawAnswer:
+def answer_from_body(raw: bytes, headers: Mapping[str, str],
+                     spellings: TokenSpellings | None = None) -> RawAnswer:
     """`answer_from_json` of a chat-completion body, read through the `wire` types when they
-    describe it, else parsed generically (errors, unexpected types)."""
+    describe it, else parsed generically (errors, unexpected types). `spellings`: the target's,
+    to read logprob entries' bytes by (see `_decoded_logprobs`)."""
     body = wire.decode_completion(raw)
     if body is None or body.error or not body.choices:
         return answer_from_json(parse_json_body(raw), headers)
     choice = body.choices[0]
     _check_finish(choice.finish_reason, wire.value(choice.error))
     try:
-        logprobs = _decoded_logprobs(choice.logprobs, raw)
+        logprobs = _decoded_logprobs(choice.logprobs, raw, spellings)
     except ValueError:  # not byte values: the generic reading names the entry
         return answer_from_json(parse_json_body(raw), headers)
     message = choice.message or _EMPTY_MESSAGE
