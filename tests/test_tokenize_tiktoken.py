@@ -169,3 +169,16 @@ def test_an_encoder_that_fails_refuses(qwen3_dir: Path, tmp_path: Path,
     monkeypatch.setattr(TiktokenEncoder, "encode", fails)
     backend = HFTokenizer.from_file(str(file))
     assert tiktoken_encoder(backend, file, tok.bytes_to_id, tok._hf_encode_batch) is None
+
+
+def test_assigned_check_agrees_with_the_unicode_tables() -> None:
+    """`_assigned_here` (one regex pass, astral characters looked up) against the plain
+    definition, on texts mixing ASCII, assigned and unassigned BMP characters, surrogates,
+    and assigned and unassigned characters beyond the BMP, in every order."""
+    pool = ["a", " ", "é", "東", "\u0378", "\ud800", "🙂", "\U0001f9ff", "\U0002fffe",
+            "\U000e0080", "\U0010ffff", "𝔘"]
+    rng = random.Random(3)
+    for _ in range(3000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randrange(8)))
+        plain = all(unicodedata.category(c) not in ("Cn", "Cs") for c in text)
+        assert tokenize_tiktoken._assigned_here(text) == plain, ascii(text)
