@@ -23,8 +23,9 @@ pass fills the server's answer cache, so the server spends as little CPU as it c
 
 Before/after in one run: `--baseline-src DIR` measures the floor and draftgen a second time with
 the draftgen package of DIR (the `src` folder of an earlier checkout, put first on PYTHONPATH
-of those children; the floor then sends that tree's request bodies). Each draftgen row also
-gives its event-loop thread's CPU per answer ("loop").
+of those children; the floor then sends that tree's request bodies). With `--repeat R`, each
+pass runs every client of both trees in turn. Each draftgen row also gives its event-loop
+thread's CPU per answer ("loop").
 
     python bench/client_throughput.py [--n 20000] [--concurrency 2000]
         [--variants plain,logprobs,stream] [--uvloop] [--procs N] [--repeat R] [--skip-sdk]
@@ -227,22 +228,25 @@ def _row(name: str, r: dict[str, Any], floor: dict[str, Any], pool: dict[str, An
             f"peak RSS {r['peak_rss_mb']:6.0f} MB   {ratio}{loop}{spread}")
 
 
-def _measure_tree(config: Path, args: argparse.Namespace, src: Path | None, tag: str = ""
-                  ) -> dict[str, dict[str, Any]]:
-    """The floor, then draftgen (on uvloop too, and as --procs N), with one draftgen tree;
-    `--repeat R` takes the clients in turn R times and keeps each one's median pass, so that a
-    slow or fast moment of the shared machine does not land on one client only."""
-    _measure("raw", config, args, src=src)  # warm-up: fills the server's answer cache
-    clients: dict[str, dict[str, Any]] = {f"raw{tag}": {"kind": "raw"},
-                                          f"draftgen{tag}": {"kind": "draftgen"}}
-    if args.uvloop:
-        clients[f"draftgen+uvloop{tag}"] = {"kind": "draftgen", "uvloop": True}
-    if args.procs > 1 and src is None:  # --procs is newer than the trees compared against
-        clients[f"draftgen --procs {args.procs}{tag}"] = {"kind": "procs"}
+def _measure_trees(config: Path, args: argparse.Namespace,
+                   trees: list[tuple[Path | None, str]]) -> dict[str, dict[str, Any]]:
+    """The floor, then draftgen (on uvloop too, and as --procs N), for each draftgen tree
+    (`src`, the tag of its rows; None: this checkout); `--repeat R` takes every client of every
+    tree in turn R times and keeps each one's median pass, so that a slow or fast moment of the
+    shared machine does not land on one client or one tree only."""
+    _measure("raw", config, args)  # warm-up: fills the server's answer cache
+    clients: dict[str, dict[str, Any]] = {}
+    for src, tag in trees:
+        clients[f"raw{tag}"] = {"kind": "raw", "src": src}
+        clients[f"draftgen{tag}"] = {"kind": "draftgen", "src": src}
+        if args.uvloop:
+            clients[f"draftgen+uvloop{tag}"] = {"kind": "draftgen", "src": src, "uvloop": True}
+        if args.procs > 1 and src is None:  # --procs is newer than the trees compared against
+            clients[f"draftgen --procs {args.procs}{tag}"] = {"kind": "procs", "src": src}
     passes: dict[str, list[dict[str, Any]]] = {name: [] for name in clients}
     for _ in range(args.repeat):
         for name, how in clients.items():
-            passes[name].append(_measure(how["kind"], config, args, src=src,
+            passes[name].append(_measure(how["kind"], config, args, src=how["src"],
                                          uvloop=how.get("uvloop", False)))
     return {name: _median_pass(runs) for name, runs in passes.items()}
 
@@ -316,10 +320,11 @@ def main() -> int:
             config = common.run_config(folder, url, [{"name": "bench", "path": str(dataset)}],
                                        logprobs=variant == "logprobs",
                                        stream=variant == "stream")
-            runs = _measure_tree(config, args, None)
-            pool = None if args.skip_sdk else _measure("sdk", config, args)
+            trees: list[tuple[Path | None, str]] = [(None, "")]
             if args.baseline_src:
-                runs |= _measure_tree(config, args, args.baseline_src, " (before)")
+                trees.append((args.baseline_src, " (before)"))
+            runs = _measure_trees(config, args, trees)
+            pool = None if args.skip_sdk else _measure("sdk", config, args)
             _print_variant(variant, runs, pool, args)
             results[variant] = {"sdk": pool, **runs}
     print(orjson.dumps(results).decode())
