@@ -9,8 +9,9 @@ reading, `answer_from_json` (orjson, dict lookups, lenient about field types), f
 types do not describe; the generic reading is the reference for what is kept and for every
 error. Streams are read the same way, event by event (`StreamAccumulator._take_typed`,
 falling back to the generic `feed_line` for any event the `wire` chunk types do not describe):
-~40 % less CPU per streamed answer. With logprobs, the entries' bytes are checked and joined
-for the whole answer at once and their columns read only when asked for (`_decoded_logprobs`).
+~40 % less CPU per streamed answer. With logprobs, the entries' bytes are checked for the whole
+answer at once (by the target's token spellings when the runner gave the backend its tokenizer)
+and their other columns read only when asked for (`_decoded_logprobs`).
 """
 
 from __future__ import annotations
