@@ -415,8 +415,8 @@ class TokenSpellings:
             return reported if own == spelled else None  # type: ignore[return-value]  # no None
         if reported.count(None) != len(reported):
             return None
-        ids = list(map(self._tokenizer.spelling_to_id().get, spelled.split(b"|")))
-        return None if None in ids or len(ids) != len(reported) else ids  # type: ignore[return-value]
+        ids = _ids_of_spellings(self._tokenizer, spelled)
+        return None if ids is None or len(ids) != len(reported) else ids
 
     def joined(self, ids: list[int]) -> bytes:
         """The IDs' bytes end to end (`Tokenizer.bytes_of`)."""
@@ -548,7 +548,13 @@ def _ids_by_spelling(tokenizer: Tokenizer, columns: LogprobTokens, sent: SentByt
     names the ID): the caller reads the bytes then."""
     if _may_name_ids(columns, sent):
         return None
-    ids = list(map(tokenizer.spelling_to_id().get, sent.spelled.split(b"|")))
+    return _ids_of_spellings(tokenizer, sent.spelled)
+
+
+def _ids_of_spellings(tokenizer: Tokenizer, spelled: bytes) -> list[int] | None:
+    """The ID of each "|"-separated compact spelling (`Tokenizer.spelling_to_id`); None when
+    one is no token's."""
+    ids = list(map(tokenizer.spelling_to_id().get, spelled.split(b"|")))
     return None if None in ids else ids  # type: ignore[return-value]  # no None in ids
 
 

@@ -86,8 +86,9 @@ class SentBytes:
     them through the target's spellings (`tokenize.TokenSpellings`): each entry's bytes were
     then sent exactly as that token's compact spelling, and its reported `id`, if any, is it."""
     may_name_ids: bool = True
-    """Whether an entry's `token` may be vLLM's `token_id:N` spelling, which names its ID
-    (False: the answer's body does not hold that text). Only read for entries without `id`."""
+    """Whether an entry without `id` may spell its `token` as vLLM's `token_id:N`, which names
+    its ID (False: every entry reports its `id`, or the answer's body does not hold that
+    text)."""
 
 
 class LogprobTokens(Sequence[LogprobToken]):

@@ -234,8 +234,8 @@ def _decoded_logprobs(logprobs: wire.Logprobs | None, body: bytes,
     n = len(entries)
     may_name_ids = None in ids and b"token_id:" in body
     found = spellings.spelled_ids(text, ids) if spellings is not None else None
-    if found is not None:
-        joined: bytes | None = spellings.joined(found)  # type: ignore[union-attr]  # found: set
+    if found is not None and spellings is not None:
+        joined: bytes | None = spellings.joined(found)
     else:
         joined = _joined_bytes(text)
     return LogprobTokens(
@@ -306,13 +306,13 @@ def _logprob_tokens(body: bytes, count: int) -> list[Any]:
     return _entry_fields(body, count, "token", "")
 
 
-def _entry_fields(body: bytes, count: int, key: str, unreadable: Any) -> list[Any]:
-    """Each logprob entry's `key`, as the generic reading reads it ("token" defaults to "")."""
+def _entry_fields(body: bytes, count: int, key: str, default: Any) -> list[Any]:
+    """Each logprob entry's `key` (`default` where absent), as the generic reading reads it;
+    all `default` when orjson refuses the body."""
     try:
         content = orjson.loads(body)["choices"][0]["logprobs"]["content"]
     except orjson.JSONDecodeError:
-        return [unreadable] * count
-    default = "" if key == "token" else None
+        return [default] * count
     return [e.get(key, default) for e in content]
 
 
