@@ -18,6 +18,12 @@ getrusage inside the child around the measured phase (CPU seconds, all threads):
   processes sharing the concurrency; CPU of the child and of the processes it waited for, their
   start included.
 
+answers/s is measured over each client's dispatch phase, from its first request to its last
+answer (draftgen: its journal's first `sent` and last `ok` events): the rate at 2,000 in
+flight. The whole pass (the floor's `asyncio.run`; draftgen's `prepare` and `Runner.execute`:
+loading the tokenizer and its tables, reading the prompts, opening the run folder, closing it)
+is reported beside it, with its seconds outside the dispatch phase; CPU is over the whole pass.
+
 Variants: logprobs off, logprobs on, streaming (logprobs off). Before each variant a warm-up
 pass fills the server's answer cache, so the server spends as little CPU as it can.
 
@@ -39,6 +45,7 @@ import asyncio
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,20 +94,59 @@ def child_raw(config: Path, concurrency: int) -> dict[str, Any]:
         async with aiohttp.ClientSession(connector=connector) as session:
             async def one(body: bytes) -> None:
                 nonlocal received
-                async with sem, session.post(url, data=body, headers={
-                        "Content-Type": "application/json"}) as resp:
-                    data = await resp.read()
-                    if resp.status != 200:
-                        raise RuntimeError(f"HTTP {resp.status}")
-                    received += len(data)
+                async with sem:
+                    window.sent()
+                    async with session.post(url, data=body, headers={
+                            "Content-Type": "application/json"}) as resp:
+                        data = await resp.read()
+                        if resp.status != 200:
+                            raise RuntimeError(f"HTTP {resp.status}")
+                        received += len(data)
+                        window.answered()
 
             await asyncio.gather(*(one(b) for b in bodies))
         return received
 
+    window = DispatchWindow()
     with common.PhaseMeter() as m:
         received = asyncio.run(main())
     return {"answers": len(bodies), "wall_s": m.wall_s, "cpu_s": m.cpu_s,
-            "mb_received": received / 1e6, "src": _draftgen_src()}
+            "dispatch_s": window.seconds(), "mb_received": received / 1e6,
+            "src": _draftgen_src()}
+
+
+class DispatchWindow:
+    """The floor's dispatch phase: from its first request to its last answer (draftgen's is
+    read from its journal, `dispatch_window`)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last = 0.0
+
+    def sent(self) -> None:
+        if self.first is None:
+            self.first = time.time()
+
+    def answered(self) -> None:
+        self.last = time.time()
+
+    def seconds(self) -> float:
+        return self.last - (self.first or self.last)
+
+
+def dispatch_window(run_root: Path) -> float:
+    """Seconds from draftgen's first request to its last answer stored, over every journal
+    under `run_root` (shard folders too): the journal's first `sent` event and its last `ok`
+    event, stamped when the request went out and when its record was written."""
+    first, last = float("inf"), 0.0
+    for journal in run_root.rglob("journal.jsonl"):
+        for line in journal.read_bytes().splitlines():
+            event = orjson.loads(line)
+            if event.get("ev") == "sent":
+                first = min(first, event["t"])
+            elif event.get("ev") == "ok":
+                last = max(last, event["t"])
+    return last - first
 
 
 def child_sdk(config: Path, workers: int) -> dict[str, Any]:
@@ -130,6 +176,7 @@ def child_sdk(config: Path, workers: int) -> dict[str, Any]:
                       if k in ("logprobs", "top_logprobs")}
 
     def one(prompt: Any) -> None:
+        window.sent()
         kw: dict[str, Any] = {"model": cfg.model.name, "messages": prompt.messages,
                               "max_tokens": s.max_tokens, "temperature": s.temperature,
                               "top_p": s.top_p, "extra_body": extra}
@@ -147,20 +194,26 @@ def child_sdk(config: Path, workers: int) -> dict[str, Any]:
             line = client.chat.completions.create(**kw).model_dump_json()
         with lock:
             f.write(line + "\n")
+            window.answered()
 
+    window = DispatchWindow()
     with open(out_path, "w") as f, common.PhaseMeter() as m, ThreadPoolExecutor(workers) as pool:
         for fut in [pool.submit(one, p) for p in prompts]:
             fut.result()
-    return {"answers": len(prompts), "wall_s": m.wall_s, "cpu_s": m.cpu_s, "workers": workers}
+    return {"answers": len(prompts), "wall_s": m.wall_s, "cpu_s": m.cpu_s,
+            "dispatch_s": window.seconds(), "workers": workers}
 
 
 def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
     from draftgen.config import load_config
     from draftgen.runner import Runner, prepare
 
-    plan = prepare(load_config(config))
-    runner = Runner(plan, live_display=False)
+    cfg = load_config(config)
     with common.ThreadCPU() as threads, common.PhaseMeter() as m:
+        # `prepare` is in the pass: it loads the tokenizer and builds its tables (since
+        # session 8 before the run starts, not on a thread beside it) and reads the prompts.
+        runner = Runner(prepare(cfg), live_display=False)
+        prepared_s = time.perf_counter() - m.started
         if uvloop:
             import uvloop as uv
             outcome = uv.run(runner.execute())
@@ -171,9 +224,10 @@ def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
     if outcome.status != "completed" or t is None or t.failed:
         raise SystemExit(f"draftgen run: {outcome.status} {outcome.message} "
                          f"failed={t.failed if t else '?'}")
-    return {"answers": done, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
-            "not_exact": t.not_exact, "main_thread_cpu_s": threads.main_s,
-            "other_threads_cpu_s": threads.other_s, "src": _draftgen_src()}
+    return {"answers": done, "wall_s": m.wall_s, "cpu_s": m.cpu_s, "prepare_s": prepared_s,
+            "dispatch_s": dispatch_window(Path(cfg.output_dir)), "not_exact": t.not_exact,
+            "main_thread_cpu_s": threads.main_s, "other_threads_cpu_s": threads.other_s,
+            "src": _draftgen_src()}
 
 
 def child_draftgen_procs(config: Path, procs: int) -> dict[str, Any]:
@@ -188,9 +242,10 @@ def child_draftgen_procs(config: Path, procs: int) -> dict[str, Any]:
         code = run_local(config, procs=procs, probe=None, progress_every_s=math.inf)
     if code != 0:
         raise SystemExit(f"draftgen run --procs {procs}: exit code {code}")
-    status = collect_status(Path(load_config(config).output_dir))
+    root = Path(load_config(config).output_dir)
+    status = collect_status(root)
     return {"answers": status.total.sums.done, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
-            "procs": procs, "src": _draftgen_src()}
+            "dispatch_s": dispatch_window(root), "procs": procs, "src": _draftgen_src()}
 
 
 # ---- the parent -----------------------------------------------------------------------------
@@ -210,7 +265,8 @@ def _measure(kind: str, config: Path, args: argparse.Namespace, *, uvloop: bool 
     if kind in ("draftgen", "procs"):
         shutil.rmtree(config.parent / "run", ignore_errors=True)
     r = common.run_child(cmd)
-    r["answers_s"] = r["answers"] / r["wall_s"]
+    r["answers_s"] = r["answers"] / r["dispatch_s"]
+    r["pass_answers_s"] = r["answers"] / r["wall_s"]
     r["cpu_per_1k"] = r["cpu_s"] / r["answers"] * 1000
     return r
 
@@ -220,12 +276,15 @@ def _row(name: str, r: dict[str, Any], floor: dict[str, Any], pool: dict[str, An
     ratio = f"{r['answers_s'] / floor['answers_s']:.2f}× floor"
     if pool is not None:
         ratio += f", {r['answers_s'] / pool['answers_s']:.2f}× sdk"
+    whole = (f"  whole pass {r['pass_answers_s']:.0f}/s "
+             f"({r['pass_answers_s'] / floor['pass_answers_s']:.2f}×, "
+             f"{r['wall_s'] - r['dispatch_s']:.1f} s not dispatching)")
     loop = (f"  loop {r['main_thread_cpu_s'] / r['answers'] * 1000:.2f} ms/answer"
             if "main_thread_cpu_s" in r else "")
     passes = r.get("answers_s_passes", [])
     spread = f"  passes {'/'.join(map(str, passes))}" if len(passes) > 1 else ""
     return (f"  {name:<30} {r['answers_s']:8.0f} answers/s  {r['cpu_per_1k']:6.2f} CPU s/1k  "
-            f"peak RSS {r['peak_rss_mb']:6.0f} MB   {ratio}{loop}{spread}")
+            f"peak RSS {r['peak_rss_mb']:6.0f} MB   {ratio}{whole}{loop}{spread}")
 
 
 def _measure_trees(config: Path, args: argparse.Namespace,

@@ -114,3 +114,32 @@ def test_tiktoken_batches_run_on_the_loop_hf_batches_in_a_thread(
     off = load_tokenizer(qwen3_dir)
     assert isinstance(off, FastTokenizer) and off._fast_encoder(wait=True) is None
     assert off.batches_gain_from_a_thread
+
+
+def test_a_run_is_prepared_with_its_tables_built(tmp_path: Path, qwen3_dir: Path) -> None:
+    """`prepare` builds the tiktoken encoder there and then: no build thread left holding the
+    interpreter lock while the run starts (it made every file operation of the start wait).
+    A logprob backend builds its spelling tables when given the vocabulary, before the first
+    request, not on the first answer (which held up every answer in flight). A copy of the
+    tokenizer file, so that no encoder built earlier in this process is reused."""
+    from draftgen.backends import make_backend
+    from draftgen.config import load_config
+    from draftgen.runner import prepare
+    from tests.e2e_helpers import fast_backend, write_config, write_jsonl
+
+    tokenizer = tmp_path / "tok" / "tokenizer.json"
+    tokenizer.parent.mkdir()
+    tokenizer.write_bytes((qwen3_dir / "tokenizer.json").read_bytes())
+    row = {"id": "a", "messages": [{"role": "user", "content": "Hi"}]}
+    data = write_jsonl(tmp_path / "p.jsonl", [row])
+    cfg = load_config(write_config(
+        tmp_path, tokenizer, [fast_backend("b", "openrouter", "http://127.0.0.1:9",
+                                           logprobs=True)],
+        [{"name": "d", "path": str(data)}]))
+    plan = prepare(cfg)
+    assert isinstance(plan.tokenizer, FastTokenizer)
+    assert not plan.tokenizer.batches_gain_from_a_thread  # tiktoken is ready
+    assert plan.tokenizer._spelling_to_id is None
+    backend = make_backend(cfg.backends[0], cfg.model, cfg.sampling)
+    backend.use_vocabulary(plan.tokenizer)
+    assert plan.tokenizer._spelling_to_id is not None

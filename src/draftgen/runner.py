@@ -90,6 +90,7 @@ def prepare(cfg: RunConfig, shard: ShardSpec | None = None) -> Plan:
     """Load the tokenizer, check it against the format, read every dataset (through the
     prompt cache in output_dir); with `shard`, keep only the shard's prompts. Sends nothing."""
     tokenizer = load_tokenizer(cfg.model.tokenizer)
+    tokenizer.warm_up()
     fmt = get_format(cfg.model.format, tokenizer, cfg.model.format_options)
     self_check(tokenizer, fmt.special_tokens())
     root = Path(cfg.output_dir)

@@ -174,6 +174,11 @@ class Tokenizer(ABC):
         not at all, are run on the caller's thread."""
         return False
 
+    def warm_up(self) -> None:
+        """Build now what the first encodes would otherwise build on the side (a run calls
+        this before it starts: see `FastTokenizer.warm_up`)."""
+        return None
+
     def bytes_to_id(self) -> dict[bytes, int]:
         """Token bytes → vocabulary ID, built once (see `build_bytes_to_id`)."""
         if self._bytes_to_id is None:
@@ -193,8 +198,8 @@ class Tokenizer(ABC):
 
     def spelling_to_id(self) -> dict[bytes, int]:
         """Each token's byte values as compact JSON (`b"[60,116]"`) → its ID (`bytes_to_id`),
-        built on the first answer that needs it (0.15 s and 14 MB for Qwen3's 151k tokens).
-        Two threads may both build it: the same table."""
+        built on first use (0.15 s and 14 MB for Qwen3's 151k tokens). Two threads may both
+        build it: the same table."""
         if self._spelling_to_id is None:
             self._spelling_to_id = {f"[{','.join(map(str, data))}]".encode(): tid
                                     for data, tid in self.bytes_to_id().items()}
@@ -295,11 +300,18 @@ class FastTokenizer(Tokenizer):
             return []
         return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
 
+    def warm_up(self) -> None:
+        """Build the tiktoken encoder here and now (~0.5-0.8 s). On a background thread it
+        held the interpreter lock for long stretches (parsing the file, building the core
+        encoder) while the run was starting: every file operation of the start then waited
+        for it, ~1 s more to the first request, measured (docs/benchmarks.md)."""
+        self._fast_encoder(wait=True)
+
     def _fast_encoder(self, wait: bool = False) -> TiktokenEncoder | None:
         """The tiktoken encoder; None while it is being built and when it cannot give HF's IDs
         for this tokenizer (or `DRAFTGEN_TIKTOKEN=0`). Built once per file and process, on a
-        background thread started by the first encode (~0.5 s: a run's start does not wait
-        for it, HF encodes meanwhile, with the same IDs); `wait` waits for it."""
+        background thread started by the first encode (~0.5 s; HF encodes meanwhile, with the
+        same IDs) unless `warm_up` built it first; `wait` waits for it."""
         if self._tiktoken_build is None:
             self._tiktoken_build = threading.Thread(
                 target=self._build_fast_encoder, name="draftgen-tiktoken", daemon=True)
@@ -395,12 +407,13 @@ _TOKEN_ID_FORM = re.compile(r"token_id:(\d+)\Z")
 class TokenSpellings:
     """A vocabulary's tokens as the compact JSON text of their byte values (`b"[60,116]"`), both
     ways: what a chat backend reads logprob entries' bytes through (`openai_chat`), one lookup
-    per entry, where parsing them costs ~40 µs of the event loop per answer. Built on first use
-    (`Tokenizer.spelling_to_id`, ~0.2 s for Qwen3's 151k tokens)."""
+    per entry, where parsing them costs ~40 µs of the event loop per answer. Built when made
+    (`Tokenizer.spelling_to_id`, ~0.2 s for Qwen3's 151k tokens): before a run's first request,
+    not on its first answer, where it held up every answer in flight."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
-        self._by_id: dict[int, bytes] | None = None
+        self._by_id = {tid: text for text, tid in tokenizer.spelling_to_id().items()}
 
     def spelled_ids(self, spelled: bytes, reported: list[int | None]) -> list[int] | None:
         """The IDs whose spellings, joined by "|", are `spelled` (each entry's bytes as sent,
@@ -409,7 +422,7 @@ class TokenSpellings:
         way (spaces, not byte values, no such token), IDs reported by some entries only."""
         if None not in reported:
             try:
-                own = b"|".join(map(self._spelling_of_id().__getitem__, reported))
+                own = b"|".join(map(self._by_id.__getitem__, reported))
             except KeyError:
                 return None
             return reported if own == spelled else None  # type: ignore[return-value]  # no None
@@ -421,11 +434,6 @@ class TokenSpellings:
     def joined(self, ids: list[int]) -> bytes:
         """The IDs' bytes end to end (`Tokenizer.bytes_of`)."""
         return self._tokenizer.bytes_of(ids)
-
-    def _spelling_of_id(self) -> dict[int, bytes]:
-        if self._by_id is None:
-            self._by_id = {tid: text for text, tid in self._tokenizer.spelling_to_id().items()}
-        return self._by_id
 
 
 def logprob_token_id(tokenizer: Tokenizer, entry: LogprobToken) -> int | None:
