@@ -262,6 +262,25 @@ async def test_logprobs_bytes_and_ids_cover_the_native_answer(
     assert all(e["logprob"] <= 0 and e["top_logprobs"][0]["token"] == e["token"] for e in entries)
 
 
+async def test_logprob_entries_alike_whole_and_streamed(
+    vllm: TestServer, session: aiohttp.ClientSession
+) -> None:
+    """Without `top_logprobs` the entries are spliced in as cached JSON text, sliced per
+    chunk when streamed: the chunks' entries, end to end, are the whole answer's, which cover
+    its token IDs and native bytes."""
+    body = _chat("spliced logprobs café 東京", logprobs=True, return_token_ids=True)
+    url = f"{vllm.url}/v1/chat/completions"
+    answer = await _post(session, url, body)
+    choice = answer["choices"][0]
+    entries = choice["logprobs"]["content"]
+    assert [e["id"] for e in entries] == choice["token_ids"]
+    assert b"".join(bytes(e["bytes"]) for e in entries) == _native(choice["message"]).encode()
+    assert all(e["top_logprobs"] == [] for e in entries)
+    streamed = [e for c in _chunks(await _stream(session, url, body)) for ch in c["choices"]
+                for e in (ch.get("logprobs") or {}).get("content") or ()]
+    assert streamed == entries
+
+
 @pytest.mark.parametrize(
     ("options", "check"),
     [
