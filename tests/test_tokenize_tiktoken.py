@@ -93,6 +93,11 @@ def _variant(qwen3_dir: Path, tmp_path: Path, change: str) -> FastTokenizer:
     elif change == "merges":
         merges = spec["model"]["merges"]
         merges[10], merges[11] = merges[11], merges[10]
+    elif change == "last merges":
+        merges = spec["model"]["merges"]
+        merges[-1], merges[-2] = merges[-2], merges[-1]
+    elif change == "strings":  # the older file format: each merge one "left right" string
+        spec["model"]["merges"] = [" ".join(pair) for pair in spec["model"]["merges"]]
     elif change == "normalizer":
         spec["normalizer"] = {"type": "NFKC"}
     file = tmp_path / change / "tokenizer.json"
@@ -103,7 +108,14 @@ def _variant(qwen3_dir: Path, tmp_path: Path, change: str) -> FastTokenizer:
     return tok
 
 
-@pytest.mark.parametrize("change", ["lstrip", "prefix", "merges", "normalizer"])
+def test_merges_as_strings_are_taken(qwen3_dir: Path, tmp_path: Path) -> None:
+    tok = _variant(qwen3_dir, tmp_path, "strings")
+    assert tok._fast_encoder(wait=True) is not None
+    texts = ["Hello, world! <|im_end|> x", "  spaced  \n\nout", "日本語 123"]
+    assert tok.encode_batch(texts) == hf_ids(tok, texts)
+
+
+@pytest.mark.parametrize("change", ["lstrip", "prefix", "merges", "last merges", "normalizer"])
 def test_what_tiktoken_cannot_reproduce_is_refused(qwen3_dir: Path, tmp_path: Path,
                                                     change: str) -> None:
     tok = _variant(qwen3_dir, tmp_path, change)
@@ -122,13 +134,27 @@ def test_a_sample_that_differs_refuses(qwen3_dir: Path, tmp_path: Path) -> None:
         return [[i + 1 for i in ids] for ids in tok._hf_encode_batch(texts)]  # type: ignore[arg-type]
 
     backend = HFTokenizer.from_file(str(file))
-    assert tiktoken_encoder(backend, file, tok.bytes_to_id, off_by_one) is None
+    assert tiktoken_encoder(backend, file, tok._bytes_to_id_from_file, off_by_one) is None
 
 
 def test_switched_off(qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRAFTGEN_TIKTOKEN", "0")
     tok = load_tokenizer(qwen3_dir)
     assert isinstance(tok, FastTokenizer) and tok._fast_encoder(wait=True) is None
+
+
+def test_the_byte_table_read_from_the_file_is_hfs(qwen3_dir: Path, tmp_path: Path) -> None:
+    """The tiktoken build makes the byte table from the vocabulary it read from the file: the
+    same table as from the loaded tokenizer's `get_vocab`."""
+    file = tmp_path / "tokenizer.json"
+    file.write_bytes((qwen3_dir / "tokenizer.json").read_bytes())
+    built, loaded = load_tokenizer(file), load_tokenizer(qwen3_dir)
+    assert isinstance(built, FastTokenizer) and isinstance(loaded, FastTokenizer)
+    assert built._bytes_to_id is None
+    built.warm_up()
+    assert built._bytes_to_id is not None
+    assert built._bytes_to_id == loaded._build_bytes_to_id(*loaded._vocab_parts())
+    assert built._added_ids == loaded._added_ids
 
 
 def test_built_once_per_file(qwen3_dir: Path) -> None:
@@ -168,7 +194,7 @@ def test_an_encoder_that_fails_refuses(qwen3_dir: Path, tmp_path: Path,
 
     monkeypatch.setattr(TiktokenEncoder, "encode", fails)
     backend = HFTokenizer.from_file(str(file))
-    assert tiktoken_encoder(backend, file, tok.bytes_to_id, tok._hf_encode_batch) is None
+    assert tiktoken_encoder(backend, file, tok._bytes_to_id_from_file, tok._hf_encode_batch) is None
 
 
 def test_assigned_check_agrees_with_the_unicode_tables() -> None:

@@ -182,10 +182,14 @@ class Tokenizer(ABC):
     def bytes_to_id(self) -> dict[bytes, int]:
         """Token bytes → vocabulary ID, built once (see `build_bytes_to_id`)."""
         if self._bytes_to_id is None:
-            base, added = self._vocab_parts()
-            self._added_ids = sorted(added.values())
-            self._bytes_to_id = build_bytes_to_id(base, added)
+            return self._build_bytes_to_id(*self._vocab_parts())
         return self._bytes_to_id
+
+    def _build_bytes_to_id(self, base: Mapping[str, int], added: Mapping[str, int]
+                           ) -> dict[bytes, int]:
+        self._added_ids = sorted(added.values())
+        self._bytes_to_id = table = build_bytes_to_id(base, added)
+        return table
 
     def id_to_bytes(self, token_id: int) -> bytes | None:
         """A vocabulary ID's bytes (the inverse of `bytes_to_id`), built once."""
@@ -321,8 +325,15 @@ class FastTokenizer(Tokenizer):
         return self._tiktoken
 
     def _build_fast_encoder(self) -> None:
-        self._tiktoken = tiktoken_encoder(self._tok, self.path, self.bytes_to_id,
+        self._tiktoken = tiktoken_encoder(self._tok, self.path, self._bytes_to_id_from_file,
                                           self._hf_encode_batch)
+
+    def _bytes_to_id_from_file(self, file_vocab: Mapping[str, int]) -> dict[bytes, int]:
+        """`bytes_to_id`, from the base vocabulary as the tiktoken build read it from the file
+        (the entries `get_vocab` gives, without its 0.2 s)."""
+        if self._bytes_to_id is None:
+            return self._build_bytes_to_id(*self._vocab_parts(file_vocab))
+        return self._bytes_to_id
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -333,11 +344,11 @@ class FastTokenizer(Tokenizer):
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
-    def _vocab_parts(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
+    def _vocab_parts(self, file_vocab: Mapping[str, int] | None = None
+                     ) -> tuple[Mapping[str, int], Mapping[str, int]]:
         added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
-        base = {t: i for t, i in self._tok.get_vocab(with_added_tokens=False).items()
-                if t not in added}
-        return base, added
+        vocab = self._tok.get_vocab(with_added_tokens=False) if file_vocab is None else file_vocab
+        return {t: i for t, i in vocab.items() if t not in added}, added
 
 
 _KIMI_ENCODE_LOG = "Calling super().encode with"

@@ -28,6 +28,7 @@ the equality on every code point in several contexts and on random texts (tests/
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import re
 import threading
@@ -120,12 +121,13 @@ _build_lock = threading.Lock()
 
 
 def tiktoken_encoder(backend: HFTokenizer, file: Path,
-                     byte_table: Callable[[], Mapping[bytes, int]],
+                     byte_table: Callable[[Mapping[str, int]], Mapping[bytes, int]],
                      reference: Callable[[Sequence[str]], list[list[int]]]
                      ) -> TiktokenEncoder | None:
     """The tiktoken encoder of `backend` (loaded from `file`), or None when it cannot give the
     same IDs as `reference` (HF's batch encode of it), or `DRAFTGEN_TIKTOKEN=0`. `byte_table`:
-    token bytes → ID of every token, added ones included (`Tokenizer.bytes_to_id`)."""
+    token bytes → ID of every token, added ones included (`Tokenizer.bytes_to_id`), given the
+    base vocabulary read from the file."""
     if os.environ.get("DRAFTGEN_TIKTOKEN", "1") == "0":
         return None
     try:
@@ -139,7 +141,8 @@ def tiktoken_encoder(backend: HFTokenizer, file: Path,
         return _built[key]
 
 
-def _build(backend: HFTokenizer, file: Path, byte_table: Callable[[], Mapping[bytes, int]],
+def _build(backend: HFTokenizer, file: Path,
+           byte_table: Callable[[Mapping[str, int]], Mapping[bytes, int]],
            reference: Callable[[Sequence[str]], list[list[int]]]) -> TiktokenEncoder | None:
     parts = (type(backend.normalizer).__name__, type(backend.pre_tokenizer).__name__,
              type(backend.model).__name__)
@@ -153,7 +156,11 @@ def _build(backend: HFTokenizer, file: Path, byte_table: Callable[[], Mapping[by
         return None
     # The file as it is, when there is one: half the time of serializing the loaded one.
     spec = orjson.loads(file.read_bytes() if file.suffix == ".json" else backend.to_str())
-    table = byte_table()
+    vocab = (spec.get("model") or {}).get("vocab")
+    if not isinstance(vocab, dict):
+        log.debug("%s stays on tokenizers: no BPE vocabulary in the file", file)
+        return None
+    table = byte_table(vocab)
     why = _unsupported(spec, table)
     if why is not None:
         log.debug("%s stays on tokenizers: %s", file, why)
@@ -243,13 +250,12 @@ def _unsupported_merges(spec: Mapping[str, Any], byte_table: Mapping[bytes, int]
     vocab: Mapping[str, int] = spec["model"]["vocab"]
     merges = spec["model"]["merges"]
     added = {t["id"] for t in spec.get("added_tokens") or []}
-    if len(merges) + 256 != sum(1 for i in vocab.values() if i not in added):
+    if len(merges) + 256 != len(vocab) - sum(map(added.__contains__, vocab.values())):
         return "some tokens are made by no merge"
-    last = -1
-    for merge in merges:
-        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
-        made = vocab.get(left + right)
-        if made is None or made <= last:
-            return "merges are not in the order of the IDs they make"
-        last = made
+    # Each merge's token, "left right" (older files) or [left, right]: C-level passes over the
+    # 151k merges (0.24 s as a Python loop, a third of the build).
+    made = list(map(vocab.get, (m.replace(" ", "", 1) if isinstance(m, str) else "".join(m)
+                                for m in merges)))
+    if None in made or not all(map(operator.lt, [-1, *made], made)):
+        return "merges are not in the order of the IDs they make"
     return None
