@@ -305,7 +305,7 @@ class FastTokenizer(Tokenizer):
         return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
 
     def warm_up(self) -> None:
-        """Build the tiktoken encoder here and now (~0.5-0.8 s). On a background thread it
+        """Build the tiktoken encoder here and now (~0.4 s). On a background thread it
         held the interpreter lock for long stretches (parsing the file, building the core
         encoder) while the run was starting: every file operation of the start then waited
         for it, ~1 s more to the first request, measured (docs/benchmarks.md)."""
@@ -314,7 +314,7 @@ class FastTokenizer(Tokenizer):
     def _fast_encoder(self, wait: bool = False) -> TiktokenEncoder | None:
         """The tiktoken encoder; None while it is being built and when it cannot give HF's IDs
         for this tokenizer (or `DRAFTGEN_TIKTOKEN=0`). Built once per file and process, on a
-        background thread started by the first encode (~0.5 s; HF encodes meanwhile, with the
+        background thread started by the first encode (~0.4 s; HF encodes meanwhile, with the
         same IDs) unless `warm_up` built it first; `wait` waits for it."""
         if self._tiktoken_build is None:
             self._tiktoken_build = threading.Thread(
