@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 from collections import Counter, deque
@@ -51,7 +52,13 @@ class RunCounters:
     started: float = field(default_factory=time.monotonic)
     status: str = "running"
     throttled: bool = False
-    _window: deque[tuple[float, int, int, float]] = field(default_factory=lambda: deque(maxlen=120))
+    loop_busy: float = 0.0
+    """Share of the last minute or so that the event loop's thread spent on the CPU (set by
+    `sample`, which runs on that thread): near 1, this process is what limits answers/s."""
+    loop_busy_s: float = 0.0
+    """Over how many seconds `loop_busy` was measured."""
+    _window: deque[tuple[float, int, int, float, float]] = field(
+        default_factory=lambda: deque(maxlen=120))
 
     def total(self) -> DatasetCounters:
         t = DatasetCounters()
@@ -64,14 +71,15 @@ class RunCounters:
         return t
 
     def sample(self) -> tuple[float, float, float]:
-        """Answers/s, output tokens/s and $/min over the last minute or so."""
+        """Answers/s, output tokens/s and $/min over the last minute or so (and `loop_busy`)."""
         t = self.total()
-        now = time.monotonic()
-        self._window.append((now, t.done, t.output_tokens, t.cost))
+        now, cpu = time.monotonic(), time.thread_time()
+        self._window.append((now, t.done, t.output_tokens, t.cost, cpu))
         while len(self._window) > 2 and now - self._window[0][0] > 60:
             self._window.popleft()
-        t0, done0, tok0, cost0 = self._window[0]
+        t0, done0, tok0, cost0, cpu0 = self._window[0]
         span = max(now - t0, 1e-9)
+        self.loop_busy, self.loop_busy_s = ((cpu - cpu0) / span, span) if span >= 0.5 else (0, 0)
         if span < 0.5:
             span = max(now - self.started, 1e-9)
             done0, tok0, cost0 = 0, 0, 0.0
@@ -103,9 +111,31 @@ def render_table(counters: RunCounters) -> Group:
         f"{counters.status}{_throttled(counters)} · in flight {t.in_flight:,} · "
         f"{answers_s:.1f} answers/s · "
         f"{tokens_s:,.0f} tokens/s · ${t.cost:.4f} spent · ${usd_min:.4f}/min · "
-        f"{time.monotonic() - counters.started:.0f}s"
+        f"{time.monotonic() - counters.started:.0f}s{_loop(counters)}"
     )
     return Group(table, footer)
+
+
+def _loop(counters: RunCounters) -> str:
+    return f" · loop {counters.loop_busy:.0%} busy" if counters.loop_busy_s else ""
+
+
+SATURATED = 0.9
+"""`loop_busy` from which the run says that its own process limits answers/s..."""
+SATURATED_FOR_S = 30.0
+"""...when measured over at least this long."""
+
+
+def saturation_hint(counters: RunCounters, cpus: int | None) -> str | None:
+    """What to say when this process's event loop is what limits the run's answers/s (busy
+    nearly all the time over the last half minute or more): one process uses one core for it,
+    and `--procs` spreads the run over several. None while it is not."""
+    if counters.loop_busy < SATURATED or counters.loop_busy_s < SATURATED_FOR_S:
+        return None
+    where = f" (this machine has {cpus} CPUs)" if cpus else ""
+    return (f"draftgen's event loop was busy {counters.loop_busy:.0%} of the last "
+            f"{counters.loop_busy_s:.0f} s: this process, not the endpoints, limits answers/s; "
+            f"`draftgen run --procs N` spreads the run over N processes{where}")
 
 
 def progress_line(counters: RunCounters) -> str:
@@ -116,6 +146,7 @@ def progress_line(counters: RunCounters) -> str:
         f"(+{t.done:,} now) failed {t.failed:,} skipped {t.skipped:,} pending {t.pending:,} "
         f"in flight {t.in_flight:,} "
         f"| {answers_s:.1f} answers/s {tokens_s:,.0f} tokens/s | ${t.cost:.4f} ${usd_min:.4f}/min"
+        f"{_loop(counters).replace(' · ', ' | ')}"
     )
 
 
@@ -128,6 +159,7 @@ class ProgressDisplay:
         self.live = sys.stdout.isatty() if live is None else live
         self.log_interval_s = log_interval_s
         self.console = Console()
+        self._hinted = False
 
     async def run(self) -> None:
         if self.live:
@@ -137,9 +169,16 @@ class ProgressDisplay:
                     while True:
                         await asyncio.sleep(0.5)
                         live.update(render_table(self.counters))
+                        self._hint_once()
                 finally:
                     live.update(render_table(self.counters))
         else:
             while True:
                 await asyncio.sleep(self.log_interval_s)
                 log.info(progress_line(self.counters))
+                self._hint_once()
+
+    def _hint_once(self) -> None:
+        if not self._hinted and (hint := saturation_hint(self.counters, os.cpu_count())):
+            self._hinted = True
+            log.warning("%s", hint)
