@@ -598,7 +598,7 @@ class Completion:
     def logprob_entries(self, start: int, end: int) -> Json:
         """The entries of tokens `start` to `end` as one JSON array, spliced into a body as it
         is written. The entries' JSON text is kept with the cached answer, joined, with where
-        each one starts: ~40 kB per answer, where the entries as dicts took ~400 kB (a
+        each one starts: ~25 kB per answer, where the entries as dicts took ~170 kB (a
         benchmark's cache of 21,000 answers grew the server past 12 GB) and one `orjson.dumps`
         per entry ~4 kB each (orjson does not shrink its output buffer)."""
         joined, starts = self.memo("logprobs", self._joined_entries)
