@@ -150,7 +150,7 @@ class PhaseMeter:
         return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, who))
 
     def __enter__(self) -> PhaseMeter:
-        self._wall = self.started = time.perf_counter()
+        self._wall = time.perf_counter()
         self._cpu = self._cpu_now()
         return self
 

@@ -213,7 +213,6 @@ def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
         # `prepare` is in the pass: it loads the tokenizer and builds its tables (since
         # session 8 before the run starts, not on a thread beside it) and reads the prompts.
         runner = Runner(prepare(cfg), live_display=False)
-        prepared_s = time.perf_counter() - m.started
         if uvloop:
             import uvloop as uv
             outcome = uv.run(runner.execute())
@@ -224,7 +223,7 @@ def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
     if outcome.status != "completed" or t is None or t.failed:
         raise SystemExit(f"draftgen run: {outcome.status} {outcome.message} "
                          f"failed={t.failed if t else '?'}")
-    return {"answers": done, "wall_s": m.wall_s, "cpu_s": m.cpu_s, "prepare_s": prepared_s,
+    return {"answers": done, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
             "dispatch_s": dispatch_window(Path(cfg.output_dir)), "not_exact": t.not_exact,
             "main_thread_cpu_s": threads.main_s, "other_threads_cpu_s": threads.other_s,
             "src": _draftgen_src()}

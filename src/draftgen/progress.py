@@ -79,8 +79,10 @@ class RunCounters:
             self._window.popleft()
         t0, done0, tok0, cost0, cpu0 = self._window[0]
         span = max(now - t0, 1e-9)
-        self.loop_busy, self.loop_busy_s = ((cpu - cpu0) / span, span) if span >= 0.5 else (0, 0)
-        if span < 0.5:
+        if span >= 0.5:
+            self.loop_busy, self.loop_busy_s = (cpu - cpu0) / span, span
+        else:
+            self.loop_busy, self.loop_busy_s = 0.0, 0.0
             span = max(now - self.started, 1e-9)
             done0, tok0, cost0 = 0, 0, 0.0
         answers_s = (t.done - done0) / span
@@ -111,13 +113,13 @@ def render_table(counters: RunCounters) -> Group:
         f"{counters.status}{_throttled(counters)} · in flight {t.in_flight:,} · "
         f"{answers_s:.1f} answers/s · "
         f"{tokens_s:,.0f} tokens/s · ${t.cost:.4f} spent · ${usd_min:.4f}/min · "
-        f"{time.monotonic() - counters.started:.0f}s{_loop(counters)}"
+        f"{time.monotonic() - counters.started:.0f}s{_loop(counters, ' · ')}"
     )
     return Group(table, footer)
 
 
-def _loop(counters: RunCounters) -> str:
-    return f" · loop {counters.loop_busy:.0%} busy" if counters.loop_busy_s else ""
+def _loop(counters: RunCounters, separator: str) -> str:
+    return f"{separator}loop {counters.loop_busy:.0%} busy" if counters.loop_busy_s else ""
 
 
 SATURATED = 0.9
@@ -146,7 +148,7 @@ def progress_line(counters: RunCounters) -> str:
         f"(+{t.done:,} now) failed {t.failed:,} skipped {t.skipped:,} pending {t.pending:,} "
         f"in flight {t.in_flight:,} "
         f"| {answers_s:.1f} answers/s {tokens_s:,.0f} tokens/s | ${t.cost:.4f} ${usd_min:.4f}/min"
-        f"{_loop(counters).replace(' · ', ' | ')}"
+        f"{_loop(counters, ' | ')}"
     )
 
 
