@@ -14,8 +14,6 @@ getrusage inside the child around the measured phase (CPU seconds, all threads):
 - draftgen: `Runner.execute()` on a run.yaml with one openrouter backend at CONCURRENCY:
   rendering, sending, reconstruction + tokenization (or IDs from logprobs), store + index +
   journal, progress counters, budget ledger.
-- draftgen, tokenizer process (`--tokenizer-process`): the same run with `tokenizer_process:
-  true`, answers encoded in a child process (its CPU and peak RSS added to the run's).
 - draftgen --procs N: `draftgen run --procs N` (`scale.local.run_local`): the run as N shard
   processes sharing the concurrency; CPU of the child and of the processes it waited for, their
   start included.
@@ -36,8 +34,7 @@ pass runs every client of both trees in turn. Each draftgen row also gives its e
 thread's CPU per answer ("loop").
 
     python bench/client_throughput.py [--n 20000] [--concurrency 2000]
-        [--variants plain,logprobs,stream] [--uvloop] [--tokenizer-process] [--procs N]
-        [--repeat R] [--skip-sdk]
+        [--variants plain,logprobs,stream] [--uvloop] [--procs N] [--repeat R] [--skip-sdk]
         [--baseline-src DIR]
 """
 
@@ -212,8 +209,7 @@ def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
     from draftgen.runner import Runner, prepare
 
     cfg = load_config(config)
-    # children: the tokenizer process (`tokenizer_process`), started and waited for by the run
-    with common.ThreadCPU() as threads, common.PhaseMeter(children=True) as m:
+    with common.ThreadCPU() as threads, common.PhaseMeter() as m:
         # `prepare` is in the pass: it loads the tokenizer and builds its tables (since
         # session 8 before the run starts, not on a thread beside it) and reads the prompts.
         runner = Runner(prepare(cfg), live_display=False)
@@ -227,13 +223,7 @@ def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
     if outcome.status != "completed" or t is None or t.failed:
         raise SystemExit(f"draftgen run: {outcome.status} {outcome.message} "
                          f"failed={t.failed if t else '?'}")
-    import resource
-
-    # The tokenizer process, when the run had one: wait4 gives the parent the larger of the
-    # two peaks, the sum is reported (both may peak at once).
-    children_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return {"answers": done, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
-            "children_rss_mb": children_rss_mb if getattr(cfg, "tokenizer_process", False) else 0.0,
             "dispatch_s": dispatch_window(Path(cfg.output_dir)), "not_exact": t.not_exact,
             "main_thread_cpu_s": threads.main_s, "other_threads_cpu_s": threads.other_s,
             "src": _draftgen_src()}
@@ -274,7 +264,6 @@ def _measure(kind: str, config: Path, args: argparse.Namespace, *, uvloop: bool 
     if kind in ("draftgen", "procs"):
         shutil.rmtree(config.parent / "run", ignore_errors=True)
     r = common.run_child(cmd)
-    r["peak_rss_mb"] += r.get("children_rss_mb", 0.0)
     r["answers_s"] = r["answers"] / r["dispatch_s"]
     r["pass_answers_s"] = r["answers"] / r["wall_s"]
     r["cpu_per_1k"] = r["cpu_s"] / r["answers"] * 1000
@@ -310,31 +299,14 @@ def _measure_trees(config: Path, args: argparse.Namespace,
         clients[f"draftgen{tag}"] = {"kind": "draftgen", "src": src}
         if args.uvloop:
             clients[f"draftgen+uvloop{tag}"] = {"kind": "draftgen", "src": src, "uvloop": True}
-        if args.tokenizer_process and src is None:
-            clients[f"draftgen, tokenizer process{tag}"] = {
-                "kind": "draftgen", "src": src, "config": _with_tokenizer_process(config)}
         if args.procs > 1 and src is None:  # --procs is newer than the trees compared against
             clients[f"draftgen --procs {args.procs}{tag}"] = {"kind": "procs", "src": src}
     passes: dict[str, list[dict[str, Any]]] = {name: [] for name in clients}
     for _ in range(args.repeat):
         for name, how in clients.items():
-            passes[name].append(_measure(how["kind"], how.get("config", config), args,
-                                         src=how["src"], uvloop=how.get("uvloop", False)))
+            passes[name].append(_measure(how["kind"], config, args, src=how["src"],
+                                         uvloop=how.get("uvloop", False)))
     return {name: _median_pass(runs) for name, runs in passes.items()}
-
-
-def _with_tokenizer_process(config: Path) -> Path:
-    """The run.yaml `config` with `tokenizer_process: true`, in a folder of its own."""
-    import yaml
-
-    data = yaml.safe_load(config.read_text())
-    folder = config.parent / "tokenizer-process"
-    folder.mkdir(exist_ok=True)
-    data["output_dir"] = str(folder / "run")
-    data["tokenizer_process"] = True
-    path = folder / "run.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def _median_pass(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -359,7 +331,7 @@ def _print_variant(variant: str, runs: dict[str, dict[str, Any]],
         if pool is not None and not tag:
             print(_row(f"openai SDK, {args.workers} thr", pool, floor, None))
         for name in (f"draftgen{tag}", f"draftgen+uvloop{tag}",
-                     f"draftgen, tokenizer process{tag}", f"draftgen --procs {args.procs}{tag}"):
+                     f"draftgen --procs {args.procs}{tag}"):
             if name in runs:
                 print(_row(name, runs[name], floor, pool), flush=True)
 
@@ -372,8 +344,6 @@ def main() -> int:
     p.add_argument("--variants", default="plain,logprobs,stream")
     p.add_argument("--uvloop", action="store_true", help="also run draftgen under uvloop")
     p.add_argument("--skip-sdk", action="store_true")
-    p.add_argument("--tokenizer-process", action="store_true",
-                   help="also run draftgen with `tokenizer_process: true`")
     p.add_argument("--repeat", type=int, default=1, help="take the clients in turn this many "
                    "times; each one's median pass is reported")
     p.add_argument("--procs", type=int, default=2, help="also run `draftgen run --procs N` "

@@ -247,12 +247,6 @@ class RunConfig(_Strict):
     fsync_interval_s: float = Field(1.0, ge=0)
     """How often the output files are fsync'ed (0: after every record). Every record is
     written to the OS as it arrives whatever this says; fsync protects against a power loss."""
-    tokenizer_process: bool = False
-    """Encode answers in a child process beside the run (`draftgen.tokenize_process`): the
-    event loop then spends ~20 µs per answer on it instead of ~0.14 ms, and the encoding runs
-    on another core. For a machine with cores to spare, where the run's event loop is the
-    limit (the progress line's `loop N% busy`); on one whose every core is busy it only adds
-    CPU (docs/benchmarks.md)."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> RunConfig:

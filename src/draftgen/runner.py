@@ -15,7 +15,7 @@ import math
 import signal
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,6 @@ from draftgen.store.resume import (
 )
 from draftgen.store.runinfo import end_session, record_datasets, start_session
 from draftgen.tokenize import OffLoopBatcher, Tokenizer, load_tokenizer, self_check
-from draftgen.tokenize_process import TokenizerProcess
 from draftgen.types import BackendError, Prompt, RawAnswer, Rebuilt
 
 log = logging.getLogger("draftgen")
@@ -156,51 +155,12 @@ class Runner:
         self._fatal: str | None = None
         self._budget_stop: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._rebuild = OffLoopBatcher(self._rebuild_batch, max_batch=128)
-        self._tokenizer_process: TokenizerProcess | None = None
-        self._tokenizer_report: dict[str, Any] | None = None
-        """How the tokenizer process did (batches it encoded; why it stopped early), kept in
-        run.json's session summary."""
+        self._rebuild = OffLoopBatcher(
+            self._rebuild_batch, max_batch=128,
+            in_thread=lambda: plan.tokenizer.batches_gain_from_a_thread)
 
-    async def _rebuild_batch(self, items: list[tuple[RawAnswer, Prompt]]) -> list[Rebuilt]:
-        job = self.plan.fmt.rebuild_job([raw for raw, _ in items], [p for _, p in items])
-        return job.finish(await self._encode(job.texts))
-
-    async def _encode(self, texts: list[str]) -> list[list[int]]:
-        """In the tokenizer process when it runs; else in a thread for an encoder that gains
-        from one, else here on the loop (see `OffLoopBatcher`)."""
-        if not texts:
-            return []
-        if self._tokenizer_process is not None:
-            ids = await self._tokenizer_process.encode_batch(texts)
-            if ids is not None:
-                return ids
-        tokenizer = self.plan.tokenizer
-        if tokenizer.batches_gain_from_a_thread:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(None, tokenizer.encode_batch, texts)
-        await asyncio.sleep(0)  # the loop runs between batches encoded on it
-        return tokenizer.encode_batch(texts)
-
-    @contextlib.asynccontextmanager
-    async def _tokenizer_process_running(self) -> AsyncIterator[None]:
-        """The tokenizer process for this session, where `tokenizer_process` asks for one."""
-        if not self.cfg.tokenizer_process or not any(self.queues.values()):
-            yield
-            return
-        process = TokenizerProcess(self.plan.tokenizer.path, self.plan.tokenizer.sha256)
-        await process.start()
-        # Waited for (~1 s, once per session), so that every answer of the session is encoded
-        # there unless it fails: a run behaves the same whatever the machine's speed.
-        await process.wait_ready()
-        self._tokenizer_process = process
-        try:
-            yield
-        finally:
-            self._tokenizer_process = None
-            failed = process.failed  # before close, which ends it
-            await process.close()
-            self._tokenizer_report = {"batches": process.batches, "failed": failed}
+    def _rebuild_batch(self, items: list[tuple[RawAnswer, Prompt]]) -> list[Rebuilt]:
+        return self.plan.fmt.rebuild_batch([raw for raw, _ in items], [p for _, p in items])
 
     # ---- set-up ------------------------------------------------------------------------
 
@@ -332,8 +292,7 @@ class Runner:
                 await self.lease.adopt(self.elsewhere)
             record_datasets(self.store.layout.run_json, self._dataset_totals())
             with tuned_gc():
-                async with self._tokenizer_process_running():
-                    outcome = await self._run_backends()
+                outcome = await self._run_backends()
         finally:
             try:
                 if self.lease:
@@ -750,9 +709,7 @@ class Runner:
         return {"done_now": t.done, "failed_now": t.failed, "done_total": t.done_before + t.done,
                 "skipped_budget": t.skipped, "total": t.total,
                 "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
-                "cost_usd_total": round(t.cost + t.cost_before, 6),
-                **({"tokenizer_process": self._tokenizer_report} if self._tokenizer_report
-                   else {})}
+                "cost_usd_total": round(t.cost + t.cost_before, 6)}
 
 
 def _warn_bad_rows(ds: DatasetPlan, shown: int = 10) -> None:

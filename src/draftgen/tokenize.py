@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib
-import inspect
 import logging
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from functools import cache
 from pathlib import Path
@@ -818,13 +817,12 @@ class OffLoopBatcher(Generic[T, R]):
     back (up to the 5 ms switch interval), so a batch of 128 answers could wait longer than the
     loop takes to encode them, and the hand-offs cost CPU of their own. `in_thread()`, asked
     for each batch, chooses; on the loop a batch blocks it for about 10 ms at most (128
-    answers at ~80 µs), and the loop runs between batches. A coroutine function `fn` decides
-    for itself (the runner's, which sends the batch to its tokenizer process).
+    answers at ~80 µs), and the loop runs between batches.
     """
 
     def __init__(
         self,
-        fn: Callable[[list[T]], Sequence[R]] | Callable[[list[T]], Awaitable[Sequence[R]]],
+        fn: Callable[[list[T]], Sequence[R]],
         *,
         max_batch: int = 256,
         executor: Executor | None = None,
@@ -868,8 +866,6 @@ class OffLoopBatcher(Generic[T, R]):
             self._running = False
 
     async def _run(self, loop: asyncio.AbstractEventLoop, items: list[T]) -> Sequence[R]:
-        if inspect.iscoroutinefunction(self._fn):  # it decides where the batch runs
-            return await self._fn(items)  # type: ignore[no-any-return]
         if self._in_thread():
             return await loop.run_in_executor(self._executor, self._fn, items)
         await asyncio.sleep(0)  # the loop runs between batches run on it

@@ -10,9 +10,8 @@ Formats know model formats, never wire protocols.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, ClassVar
 
 from draftgen.tokenize import Tokenizer, last_logprob_id, logprob_ids
@@ -50,15 +49,6 @@ class AnswerText:
     @property
     def candidates(self) -> list[str]:
         return [self.text, *(a for a in self.alternatives if a != self.text)]
-
-
-@dataclass(frozen=True, slots=True)
-class RebuildJob:
-    """A batch of answers being rebuilt (`Format.rebuild_job`): the texts to encode, then
-    `finish(ids of each text)` gives the batch's `Rebuilt`s, in order."""
-
-    texts: list[str]
-    finish: Callable[[Sequence[list[int]]], list[Rebuilt]]
 
 
 @dataclass(slots=True)
@@ -221,16 +211,6 @@ class Format(ABC):
 
         `prompts[i]`, when given, is the prompt that `answers[i]` answers (see
         `answer_in_context`)."""
-        job = self.rebuild_job(answers, prompts)
-        return job.finish(self.tokenizer.encode_batch(job.texts) if job.texts else [])
-
-    def rebuild_job(
-        self,
-        answers: Sequence[RawAnswer],
-        prompts: Sequence[Prompt | None] | None = None,
-    ) -> RebuildJob:
-        """`rebuild_batch` in two steps, for a caller that encodes the texts elsewhere (the
-        run's tokenizer process): the job's `texts` to encode, then `finish` with their IDs."""
         if prompts is not None and len(prompts) != len(answers):
             raise ValueError("rebuild_batch: prompts and answers differ in length")
         out: list[Rebuilt | None] = [None] * len(answers)
@@ -247,15 +227,12 @@ class Format(ABC):
                     continue
                 text.flags.append(LOGPROBS_INCOMPLETE)
             pending.append((i, text, raw))
-        return RebuildJob(texts=[c for _, t, _ in pending for c in t.candidates],
-                          finish=partial(self._finish_rebuild, out, pending))
-
-    def _finish_rebuild(self, out: list[Rebuilt | None],
-                        pending: list[tuple[int, AnswerText, RawAnswer]],
-                        encoded: Sequence[list[int]]) -> list[Rebuilt]:
-        options = iter(encoded)
-        for i, text, raw in pending:
-            out[i] = self._reconstructed(raw, text, [next(options) for _ in text.candidates])
+        if pending:
+            texts = [c for _, t, _ in pending for c in t.candidates]
+            encoded = iter(self.tokenizer.encode_batch(texts))
+            for i, text, raw in pending:
+                options = [next(encoded) for _ in text.candidates]
+                out[i] = self._reconstructed(raw, text, options)
         return [r for r in out if r is not None]
 
     def _reconstructed(
