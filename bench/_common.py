@@ -49,7 +49,8 @@ def machine() -> dict[str, Any]:
     versions = {"python": platform.python_version()}
     from importlib import metadata
 
-    for name in ("aiohttp", "orjson", "msgspec", "tokenizers", "tiktoken", "openai", "uvloop"):
+    for name in ("aiohttp", "orjson", "msgspec", "tokenizers", "fastokens", "tiktoken", "openai",
+                 "uvloop"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
     return {"nproc": os.cpu_count(), "mem_gib": round(mem_gib, 1), "cpu": cpu,

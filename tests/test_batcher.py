@@ -99,17 +99,19 @@ def test_a_failed_batch_fails_its_callers_only(in_thread: bool) -> None:
     assert results == [0, 10, 20, 30, *["ValueError: bad item 5"] * 4, 80, 90]
 
 
-def test_tiktoken_batches_run_on_the_loop_hf_batches_in_a_thread(
+def test_fast_encoder_batches_run_on_the_loop_hf_batches_in_a_thread(
         qwen3_tok: Tokenizer, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """tiktoken releases the GIL per text: on the loop. HF's `encode_batch` releases it for the
-    whole batch: in a thread, until tiktoken is ready and where it cannot be used."""
+    """A fast encoder (fastokens, tiktoken) takes tens of µs per text: on the loop. HF's
+    `encode_batch` releases the GIL for the whole batch: in a thread, until the fast encoder
+    is ready and where there is none."""
     assert isinstance(qwen3_tok, FastTokenizer)
     qwen3_tok._fast_encoder(wait=True)
     assert not qwen3_tok.batches_gain_from_a_thread
     deepseek = load_tokenizer(deepseek_r1_tokenizer_dir())
     assert isinstance(deepseek, FastTokenizer)
-    assert deepseek._fast_encoder(wait=True) is None
-    assert deepseek.batches_gain_from_a_thread
+    assert deepseek._fast_encoder(wait=True) is not None  # fastokens; tiktoken refuses it
+    assert not deepseek.batches_gain_from_a_thread
+    monkeypatch.setenv("DRAFTGEN_FASTOKENS", "0")
     monkeypatch.setenv("DRAFTGEN_TIKTOKEN", "0")
     off = load_tokenizer(qwen3_dir)
     assert isinstance(off, FastTokenizer) and off._fast_encoder(wait=True) is None
@@ -117,8 +119,8 @@ def test_tiktoken_batches_run_on_the_loop_hf_batches_in_a_thread(
 
 
 def test_a_run_is_prepared_with_its_tables_built(tmp_path: Path, qwen3_dir: Path) -> None:
-    """`prepare` builds the tiktoken encoder there and then: no build thread left holding the
-    interpreter lock while the run starts (it made every file operation of the start wait).
+    """`prepare` returns with the fast encoder built: no build thread left (tiktoken's held the
+    interpreter lock while the run started, which made every file operation of the start wait).
     A logprob backend builds its spelling tables when given the vocabulary, before the first
     request, not on the first answer (which held up every answer in flight). A copy of the
     tokenizer file, so that no encoder built earlier in this process is reused."""
@@ -138,7 +140,8 @@ def test_a_run_is_prepared_with_its_tables_built(tmp_path: Path, qwen3_dir: Path
         [{"name": "d", "path": str(data)}]))
     plan = prepare(cfg)
     assert isinstance(plan.tokenizer, FastTokenizer)
-    assert not plan.tokenizer.batches_gain_from_a_thread  # tiktoken is ready
+    assert not plan.tokenizer.batches_gain_from_a_thread  # the fast encoder is ready
+    assert plan.tokenizer._fast_build is not None and not plan.tokenizer._fast_build.is_alive()
     assert plan.tokenizer._spelling_to_id is None
     backend = make_backend(cfg.backends[0], cfg.model, cfg.sampling)
     backend.use_vocabulary(plan.tokenizer)

@@ -90,7 +90,7 @@ def prepare(cfg: RunConfig, shard: ShardSpec | None = None) -> Plan:
     """Load the tokenizer, check it against the format, read every dataset (through the
     prompt cache in output_dir); with `shard`, keep only the shard's prompts. Sends nothing."""
     tokenizer = load_tokenizer(cfg.model.tokenizer)
-    tokenizer.warm_up()
+    tokenizer.warm_up(wait=False)  # built while the prompts are read
     fmt = get_format(cfg.model.format, tokenizer, cfg.model.format_options)
     self_check(tokenizer, fmt.special_tokens())
     root = Path(cfg.output_dir)
@@ -102,6 +102,7 @@ def prepare(cfg: RunConfig, shard: ShardSpec | None = None) -> Plan:
         if shard is not None:
             table = table.where(shard_mask(table.id_hashes, shard))
         plan.datasets.append(DatasetPlan(ds.name, table, stats))
+    tokenizer.warm_up()
     return plan
 
 

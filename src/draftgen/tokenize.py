@@ -26,7 +26,9 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from draftgen.tokenize_tiktoken import TiktokenEncoder, tiktoken_encoder
+from draftgen.tokenize_fast import FastEncoder
+from draftgen.tokenize_fastokens import fastokens_encoder
+from draftgen.tokenize_tiktoken import tiktoken_encoder
 from draftgen.types import LogprobToken, LogprobTokens, SentBytes
 
 
@@ -174,9 +176,9 @@ class Tokenizer(ABC):
         not at all, are run on the caller's thread."""
         return False
 
-    def warm_up(self) -> None:
+    def warm_up(self, wait: bool = True) -> None:
         """Build now what the first encodes would otherwise build on the side (a run calls
-        this before it starts: see `FastTokenizer.warm_up`)."""
+        this before it starts: see `FastTokenizer.warm_up`); `wait=False` only starts it."""
         return None
 
     def bytes_to_id(self) -> dict[bytes, int]:
@@ -265,8 +267,8 @@ class FastTokenizer(Tokenizer):
         super().__init__(path)
         self._tok = backend
         self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
-        self._tiktoken: TiktokenEncoder | None = None
-        self._tiktoken_build: threading.Thread | None = None
+        self._fast: FastEncoder | None = None
+        self._fast_build: threading.Thread | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -279,7 +281,7 @@ class FastTokenizer(Tokenizer):
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Through tiktoken where it gives the same IDs (see `draftgen.tokenize_tiktoken`), the
+        """Through the fast encoder where it gives the same IDs (see `_fast_encoder`), the
         rest in one HF batch."""
         fast = self._fast_encoder()
         if fast is None:
@@ -292,9 +294,9 @@ class FastTokenizer(Tokenizer):
 
     @property
     def batches_gain_from_a_thread(self) -> bool:
-        """Until tiktoken is ready, and where it cannot be used, batches go to HF's
+        """Until the fast encoder is ready, and where there is none, batches go to HF's
         `encode_batch`, which releases the GIL for the whole batch."""
-        return self._tiktoken is None
+        return self._fast is None
 
     def _hf_encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # `tokenizers` releases the GIL inside encode_batch: a batch runs across cores.
@@ -304,29 +306,33 @@ class FastTokenizer(Tokenizer):
             return []
         return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
 
-    def warm_up(self) -> None:
-        """Build the tiktoken encoder here and now (~0.4 s). On a background thread it
-        held the interpreter lock for long stretches (parsing the file, building the core
-        encoder) while the run was starting: every file operation of the start then waited
-        for it, ~1 s more to the first request, measured (docs/benchmarks.md)."""
-        self._fast_encoder(wait=True)
+    def warm_up(self, wait: bool = True) -> None:
+        """Build the fast encoder here and now, or (`wait=False`) start building it. A run
+        starts it, reads its prompts meanwhile, and waits for it before it sends: fastokens'
+        load (~1.5 s) releases the interpreter lock; tiktoken's build (~0.4 s) holds it for
+        long stretches, which on a thread beside a starting run put ~1 s more before the first
+        request, measured (docs/benchmarks.md)."""
+        self._fast_encoder(wait=wait)
 
-    def _fast_encoder(self, wait: bool = False) -> TiktokenEncoder | None:
-        """The tiktoken encoder; None while it is being built and when it cannot give HF's IDs
-        for this tokenizer (or `DRAFTGEN_TIKTOKEN=0`). Built once per file and process, on a
-        background thread started by the first encode (~0.4 s; HF encodes meanwhile, with the
-        same IDs) unless `warm_up` built it first; `wait` waits for it."""
-        if self._tiktoken_build is None:
-            self._tiktoken_build = threading.Thread(
-                target=self._build_fast_encoder, name="draftgen-tiktoken", daemon=True)
-            self._tiktoken_build.start()
+    def _fast_encoder(self, wait: bool = False) -> FastEncoder | None:
+        """The fast encoder: `fastokens` (`draftgen.tokenize_fastokens`), else `tiktoken`
+        (`draftgen.tokenize_tiktoken`), whichever gives HF's IDs for this tokenizer first;
+        None while it is being built and when neither can. Built once per file and process, on
+        a background thread started by `warm_up` or the first encode (HF encodes meanwhile,
+        with the same IDs); `wait` waits for it."""
+        if self._fast_build is None:
+            self._fast_build = threading.Thread(
+                target=self._build_fast_encoder, name="draftgen-fast-encoder", daemon=True)
+            self._fast_build.start()
         if wait:
-            self._tiktoken_build.join()
-        return self._tiktoken
+            self._fast_build.join()
+        return self._fast
 
     def _build_fast_encoder(self) -> None:
-        self._tiktoken = tiktoken_encoder(self._tok, self.path, self._bytes_to_id_from_file,
-                                          self._hf_encode_batch)
+        reference = self._hf_encode_batch
+        self._fast = (fastokens_encoder(self._tok, self.path, reference)
+                      or tiktoken_encoder(self._tok, self.path, self._bytes_to_id_from_file,
+                                          reference))
 
     def _bytes_to_id_from_file(self, file_vocab: Mapping[str, int]) -> dict[bytes, int]:
         """`bytes_to_id`, from the base vocabulary as the tiktoken build read it from the file
@@ -812,12 +818,13 @@ class OffLoopBatcher(Generic[T, R]):
     executor thread, or on the event loop itself where a thread would only cost more.
 
     `tokenizers` releases the GIL once for a whole `encode_batch`: in a thread, a batch runs
-    in parallel with the loop and across cores. `tiktoken` (and Python code) releases it for
-    each text at most: in a thread, each text then waits for the busy loop to hand the GIL
-    back (up to the 5 ms switch interval), so a batch of 128 answers could wait longer than the
-    loop takes to encode them, and the hand-offs cost CPU of their own. `in_thread()`, asked
-    for each batch, chooses; on the loop a batch blocks it for about 10 ms at most (128
-    answers at ~80 µs), and the loop runs between batches.
+    in parallel with the loop and across cores. The fast encoders (`fastokens`, `tiktoken`) and
+    Python code release it for each text at most: in a thread, each text then waits for the
+    busy loop to hand the GIL back (up to the 5 ms switch interval), so a batch of 128 answers
+    could wait longer than the loop takes to encode them, and the hand-offs cost CPU of their
+    own. `in_thread()`, asked for each batch, chooses; on the loop a batch blocks it for a few
+    ms at most (128 answers at ~15 µs with fastokens, ~80 µs with tiktoken), and the loop runs
+    between batches.
     """
 
     def __init__(

@@ -1,5 +1,6 @@
 """A byte-level BPE `tokenizer.json` encoded through `tiktoken`: the same IDs as HF
-`tokenizers`, for about a fifth of the CPU (bench/tokenization.py).
+`tokenizers`, for about a fifth of the CPU (bench/tokenization.py). The second choice, where
+`fastokens` (`tokenize_fastokens`, ~10x faster still) is not installed or refuses the file.
 
 Reconstruction encodes every answer (~380 tokens each with reasoning): at ~1.1 µs of CPU per
 token, HF `tokenizers` was the largest single cost of a run without logprobs. `tiktoken`'s BPE
@@ -17,12 +18,9 @@ the same IDs, provided that:
   encodes the same through both when the encoder is built.
 
 Any of these failing leaves the tokenizer on HF `tokenizers` (`tiktoken_encoder` gives None and
-logs why at DEBUG). Per text, `takes` keeps HF for what normalization could change: with the NFC
-normalizer, a text goes through tiktoken only if it is ASCII, or NFC already (by Python's
-Unicode tables) without any code point those tables do not assign (HF's Rust tables may be a
-newer Unicode version; for assigned characters NFC is stable across versions). The tests check
-the equality on every code point in several contexts and on random texts (tests/test_tokenize.py).
-`DRAFTGEN_TIKTOKEN=0` turns it off.
+logs why at DEBUG). Per text, `takes` keeps HF for what normalization could change
+(`tokenize_fast`). The tests check the equality on every code point in several contexts and on
+random texts (tests/test_tokenize_fast.py). `DRAFTGEN_TIKTOKEN=0` turns it off.
 """
 
 from __future__ import annotations
@@ -30,11 +28,8 @@ from __future__ import annotations
 import logging
 import operator
 import os
-import re
-import threading
-import unicodedata
-from collections.abc import Callable, Mapping, Sequence
-from functools import cache
+from collections.abc import Callable, Mapping
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -42,56 +37,16 @@ from typing import Any
 import orjson
 from tokenizers import Tokenizer as HFTokenizer
 
+from draftgen.tokenize_fast import FastEncoder, Reference, built_once, same_ids_on_samples
+
 log = logging.getLogger(__name__)
 
-_SAMPLE_TEXTS = (
-    "Hello, world! It's 2026; we'll see. I'M HERE, you've been, they'd gone, she's 'quoted'.",
-    "  leading spaces\n\n\ttabs\r\nwindows line\n   \n trailing   ",
-    "12345678901234567890 3.14159 1e-9 0x1F -42 1,000,000 ①②③ ½ ٣٤٥ १२३",
-    "def f(x):\n    return {'a': [1, 2, 3]}  # comment\n\n\nclass A:\n\tpass\n",
-    "日本語のテキストと中文文本，还有한국어 텍스트。Ελληνικά, русский, עברית, العربية, हिन्दी",
-    "emoji 🙂👍🏽👨‍👩‍👧 flags 🇫🇷 math ∑∫√∞ ≠ ≤ ≥ → ← ✓ café naïve Zürich",
-    "\u00a0non-breaking\u2003em space\u200bzero width\u3000ideographic\u0085next line",
-    "<think>\nreasoning</think>\n\nanswer<|im_end|>\n<|im_start|>user\nmore<|endoftext|>",
-    "''''' ---- ____ ==== !!!! ???? .... ,,,, ;;;; :::: \"\"\"\" ```python\n``` ~~~ ***",
-    "URL https://example.org/a/b?c=d&e=f#g and mail a.b@c.de, path C:\\Users\\x\\file.txt",
-)
-"""Texts checked through both encoders when the tiktoken one is built."""
 
-
-def _assigned_here(text: str) -> bool:
-    """No code point of `text` is unassigned in Python's Unicode tables, or a surrogate: one
-    regex pass for the Basic Multilingual Plane (~1 µs for a 2 kB answer), the few characters
-    beyond it (emoji) looked up one by one."""
-    if _unassigned_bmp().search(text):
-        return False
-    return all(unicodedata.category(c) != "Cn" for c in _ASTRAL.findall(text))
-
-
-_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
-
-
-@cache
-def _unassigned_bmp() -> re.Pattern[str]:
-    """A class of the BMP code points Python does not assign, and surrogates (a class of BMP
-    ranges compiles to a bitmap: one lookup per character; 0.02 s to build)."""
-    ranges: list[str] = []
-    start: int | None = None
-    for cp in range(0x10001):
-        missing = cp < 0x10000 and unicodedata.category(chr(cp)) in ("Cn", "Cs")
-        if missing and start is None:
-            start = cp
-        elif not missing and start is not None:
-            ranges.append(f"{re.escape(chr(start))}-{re.escape(chr(cp - 1))}")
-            start = None
-    return re.compile(f"[{''.join(ranges)}]")
-
-
-class TiktokenEncoder:
-    """`tiktoken` over a byte-level BPE vocabulary; `takes(text)` says whether it gives HF's
-    IDs for that text (see the module doc)."""
+class TiktokenEncoder(FastEncoder):
+    """`tiktoken` over a byte-level BPE vocabulary."""
 
     def __init__(self, encoding: Any, *, nfc: bool) -> None:
+        super().__init__(nfc=nfc, assigned_only=False)
         # `Encoding.encode` checks its special-token arguments on every call before it calls
         # the core encoder: a fifth of its time on a chat answer. The core is called directly
         # where it is there; the sample check at build covers whichever is used.
@@ -100,29 +55,16 @@ class TiktokenEncoder:
             core.encode if core is not None else
             lambda text, special: encoding.encode(text, allowed_special=special))
         self._special = frozenset(encoding.special_tokens_set)
-        self._nfc = nfc
         self.encoding = encoding
         """The `tiktoken.Encoding`."""
 
-    def takes(self, text: str) -> bool:
-        if not self._nfc or text.isascii():
-            return True
-        return unicodedata.is_normalized("NFC", text) and _assigned_here(text)
-
     def encode(self, text: str) -> list[int]:
-        """Text → IDs, added tokens in it recognized (as HF does); only for `takes(text)`."""
         return self._encode(text, self._special)
-
-
-_built: dict[tuple[str, int, int], TiktokenEncoder | None] = {}
-"""Encoders built in this process, by tokenizer file (path, size, mtime): a run, the audit and
-the tests load the same file many times."""
-_build_lock = threading.Lock()
 
 
 def tiktoken_encoder(backend: HFTokenizer, file: Path,
                      byte_table: Callable[[Mapping[str, int]], Mapping[bytes, int]],
-                     reference: Callable[[Sequence[str]], list[list[int]]]
+                     reference: Reference
                      ) -> TiktokenEncoder | None:
     """The tiktoken encoder of `backend` (loaded from `file`), or None when it cannot give the
     same IDs as `reference` (HF's batch encode of it), or `DRAFTGEN_TIKTOKEN=0`. `byte_table`:
@@ -130,20 +72,12 @@ def tiktoken_encoder(backend: HFTokenizer, file: Path,
     base vocabulary read from the file."""
     if os.environ.get("DRAFTGEN_TIKTOKEN", "1") == "0":
         return None
-    try:
-        st = file.stat()
-    except OSError:
-        return None
-    key = (str(file.resolve()), st.st_size, st.st_mtime_ns)
-    with _build_lock:
-        if key not in _built:
-            _built[key] = _build(backend, file, byte_table, reference)
-        return _built[key]
+    return built_once("tiktoken", file, partial(_build, backend, file, byte_table, reference))
 
 
 def _build(backend: HFTokenizer, file: Path,
            byte_table: Callable[[Mapping[str, int]], Mapping[bytes, int]],
-           reference: Callable[[Sequence[str]], list[list[int]]]) -> TiktokenEncoder | None:
+           reference: Reference) -> TiktokenEncoder | None:
     parts = (type(backend.normalizer).__name__, type(backend.pre_tokenizer).__name__,
              type(backend.model).__name__)
     if parts not in (("NFC", "Sequence", "BPE"), ("NoneType", "Sequence", "BPE")):
@@ -175,16 +109,7 @@ def _build(backend: HFTokenizer, file: Path,
         log.debug("%s stays on tokenizers: tiktoken refused it: %s", file, e)
         return None
     encoder = TiktokenEncoder(encoding, nfc=spec.get("normalizer") is not None)
-    samples = [t for t in _SAMPLE_TEXTS if encoder.takes(t)] + list(added)
-    try:
-        same = [encoder.encode(t) for t in samples] == reference(samples)
-    except Exception as e:  # a tiktoken whose core takes other arguments
-        log.debug("%s stays on tokenizers: tiktoken failed on the sample texts: %s", file, e)
-        return None
-    if not same:
-        log.debug("%s stays on tokenizers: the sample texts encode differently", file)
-        return None
-    return encoder
+    return encoder if same_ids_on_samples(encoder, added, reference, f"{file} (tiktoken)") else None
 
 
 def _split_regex(spec: Mapping[str, Any]) -> str:
