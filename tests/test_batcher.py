@@ -119,8 +119,8 @@ def test_fast_encoder_batches_run_on_the_loop_hf_batches_in_a_thread(
 
 
 def test_a_run_is_prepared_with_its_tables_built(tmp_path: Path, qwen3_dir: Path) -> None:
-    """`prepare` returns with the fast encoder built: no build thread left (tiktoken's held the
-    interpreter lock while the run started, which made every file operation of the start wait).
+    """`prepare` starts building the fast encoder (the run waits for it before its first
+    request, see `test_the_first_request_waits_for_the_fast_encoder`).
     A logprob backend builds its spelling tables when given the vocabulary, before the first
     request, not on the first answer (which held up every answer in flight). A copy of the
     tokenizer file, so that no encoder built earlier in this process is reused."""
@@ -140,9 +140,47 @@ def test_a_run_is_prepared_with_its_tables_built(tmp_path: Path, qwen3_dir: Path
         [{"name": "d", "path": str(data)}]))
     plan = prepare(cfg)
     assert isinstance(plan.tokenizer, FastTokenizer)
+    assert plan.tokenizer._fast_build is not None  # started
+    plan.tokenizer.warm_up()
     assert not plan.tokenizer.batches_gain_from_a_thread  # the fast encoder is ready
-    assert plan.tokenizer._fast_build is not None and not plan.tokenizer._fast_build.is_alive()
     assert plan.tokenizer._spelling_to_id is None
     backend = make_backend(cfg.backends[0], cfg.model, cfg.sampling)
     backend.use_vocabulary(plan.tokenizer)
     assert plan.tokenizer._spelling_to_id is not None
+
+
+def test_the_first_request_waits_for_the_fast_encoder(
+        tmp_path: Path, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoder is built beside the run's start (here made to take 0.5 s more) and the
+    first request goes out once it is ready: every answer then goes through it."""
+    import time
+
+    from draftgen.testing.server import ServerStats, TestServer
+    from tests.e2e_helpers import fast_backend, read_records, run_config, write_config, write_jsonl
+
+    built_at: list[float] = []
+    received_at: list[float] = []
+    build = FastTokenizer._build_fast_encoder
+
+    def slow_build(self: FastTokenizer) -> None:
+        time.sleep(0.5)
+        build(self)
+        built_at.append(time.monotonic())
+
+    received = ServerStats.received
+
+    def stamped(self: ServerStats, body: object) -> None:
+        received_at.append(time.monotonic())
+        received(self, body)
+
+    monkeypatch.setattr(FastTokenizer, "_build_fast_encoder", slow_build)
+    monkeypatch.setattr(ServerStats, "received", stamped)
+    rows = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Hi {i}"}]}
+            for i in range(20)]
+    with TestServer(mode="openrouter") as server:
+        outcome = run_config(write_config(
+            tmp_path, qwen3_dir, [fast_backend("b", "openrouter", server.url)],
+            [{"name": "d", "path": str(write_jsonl(tmp_path / "p.jsonl", rows))}]))
+    assert outcome.status == "completed"
+    assert len(built_at) == 1 and received_at and min(received_at) >= built_at[0]
+    assert len(read_records(tmp_path / "run", "d")) == 20

@@ -90,7 +90,7 @@ def prepare(cfg: RunConfig, shard: ShardSpec | None = None) -> Plan:
     """Load the tokenizer, check it against the format, read every dataset (through the
     prompt cache in output_dir); with `shard`, keep only the shard's prompts. Sends nothing."""
     tokenizer = load_tokenizer(cfg.model.tokenizer)
-    tokenizer.warm_up(wait=False)  # built while the prompts are read
+    tokenizer.warm_up(wait=False)  # built while the run starts: `Runner._run_with` waits
     fmt = get_format(cfg.model.format, tokenizer, cfg.model.format_options)
     self_check(tokenizer, fmt.special_tokens())
     root = Path(cfg.output_dir)
@@ -102,7 +102,6 @@ def prepare(cfg: RunConfig, shard: ShardSpec | None = None) -> Plan:
         if shard is not None:
             table = table.where(shard_mask(table.id_hashes, shard))
         plan.datasets.append(DatasetPlan(ds.name, table, stats))
-    tokenizer.warm_up()
     return plan
 
 
@@ -330,6 +329,9 @@ class Runner:
         try:
             if not await self._start_up(backends):
                 return
+            # The fast encoder, started by `prepare`, is built while the prompts are read, the
+            # run folder is scanned and the backends start; the first request waits for it.
+            await asyncio.to_thread(self.plan.tokenizer.warm_up)
             display = ProgressDisplay(self.counters, live=self.live_display)
             display_task = asyncio.create_task(display.run())
             try:

@@ -308,10 +308,11 @@ class FastTokenizer(Tokenizer):
 
     def warm_up(self, wait: bool = True) -> None:
         """Build the fast encoder here and now, or (`wait=False`) start building it. A run
-        starts it, reads its prompts meanwhile, and waits for it before it sends: fastokens'
-        load (~1.5 s) releases the interpreter lock; tiktoken's build (~0.4 s) holds it for
-        long stretches, which on a thread beside a starting run put ~1 s more before the first
-        request, measured (docs/benchmarks.md)."""
+        starts it first thing, and waits for it before its first request: fastokens' load
+        (~1.5 s of CPU) releases the interpreter lock, so the run's start (prompts, resume
+        scan, backends) goes on beside it. tiktoken's build (~0.4 s, where fastokens cannot be
+        used) holds the lock for long stretches: beside the start it slows the start's file
+        operations by about its own length (docs/benchmarks.md)."""
         self._fast_encoder(wait=wait)
 
     def _fast_encoder(self, wait: bool = False) -> FastEncoder | None:
