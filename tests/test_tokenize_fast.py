@@ -8,14 +8,17 @@ from __future__ import annotations
 import random
 import sys
 import unicodedata
+from collections.abc import Sequence
+from pathlib import Path
 
+import orjson
 import pytest
 
 from draftgen import tokenize_fast
 from draftgen.testing.assets import deepseek_r1_tokenizer_dir, qwen3_tokenizer_dir
 from draftgen.tokenize import FastTokenizer, Tokenizer, load_tokenizer
 from draftgen.tokenize_fast import FastEncoder
-from draftgen.tokenize_fastokens import FastokensEncoder
+from draftgen.tokenize_fastokens import FastokensEncoder, fastokens_encoder
 from draftgen.tokenize_tiktoken import TiktokenEncoder
 
 CASES = {
@@ -135,3 +138,40 @@ def test_the_session_tokenizer_is_on_fastokens(qwen3_tok: Tokenizer) -> None:
     assert isinstance(qwen3_tok, FastTokenizer)
     assert isinstance(qwen3_tok._fast_encoder(wait=True), FastokensEncoder)
 
+
+
+def _copy(qwen3_dir: Path, tmp_path: Path, normalizer: object = "keep") -> FastTokenizer:
+    """Qwen3's file copied (so that no encoder built earlier in this process is reused),
+    its normalizer replaced unless "keep"."""
+    spec = orjson.loads((qwen3_dir / "tokenizer.json").read_bytes())
+    if normalizer != "keep":
+        spec["normalizer"] = normalizer
+    file = tmp_path / "tokenizer.json"
+    file.write_bytes(orjson.dumps(spec))
+    tok = load_tokenizer(file)
+    assert isinstance(tok, FastTokenizer)
+    return tok
+
+
+def test_fastokens_refuses_other_normalizers(qwen3_dir: Path, tmp_path: Path) -> None:
+    tok = _copy(qwen3_dir, tmp_path, {"type": "NFKC"})
+    assert fastokens_encoder(tok._tok, tok.path, tok._hf_encode_batch) is None
+    assert tok._fast_encoder(wait=True) is None  # tiktoken refuses it too: HF
+    texts = ["① ½ ﬁ", "Hello <|im_end|>"]
+    assert tok.encode_batch(texts) == hf_ids(tok, texts)
+
+
+def test_fastokens_refuses_when_a_sample_differs(qwen3_dir: Path, tmp_path: Path) -> None:
+    tok = _copy(qwen3_dir, tmp_path)
+
+    def off_by_one(texts: Sequence[str]) -> list[list[int]]:
+        return [[i + 1 for i in ids] for ids in tok._hf_encode_batch(texts)]
+
+    assert fastokens_encoder(tok._tok, tok.path, off_by_one) is None
+
+
+def test_without_fastokens_tiktoken_is_used(qwen3_dir: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "fastokens", None)  # import fails as when not installed
+    tok = _copy(qwen3_dir, tmp_path)
+    assert isinstance(tok._fast_encoder(wait=True), TiktokenEncoder)

@@ -9,11 +9,13 @@ added token encode to HF's IDs (`tokenize_fast.same_ids_on_samples`). Per text, 
 on HF anything beyond ASCII that has a code point Python's Unicode tables do not assign (PCRE2's
 and Oniguruma's character classes come from their own tables), and, with NFC, any text not NFC
 already. The tests check the equality on every code point in several contexts and on random
-texts (tests/test_tokenize_fastokens.py).
+texts (tests/test_tokenize_fast.py).
 
-Loading costs ~1.5 s of CPU and ~130 MB (more than tiktoken's 0.4 s and ~90 MB) but releases the
-interpreter lock: the run builds it on a thread while it reads its prompts
-(`FastTokenizer.warm_up`). `DRAFTGEN_FASTOKENS=0` turns it off (tiktoken, then HF, are used).
+Loading costs ~1.5 s of CPU (tiktoken's build: 0.4 s) but releases the interpreter lock: a run
+builds it on a thread beside its start (`FastTokenizer.warm_up`). Memory: ~70 MB stay of the
+load for Qwen3 once its freed pages are handed back, the first encode adds ~45 MB, and a word
+cache grows to a bound of ~115 MB (docs/benchmarks.md). `DRAFTGEN_FASTOKENS=0` turns it off
+(tiktoken, then HF, are used).
 """
 
 from __future__ import annotations
