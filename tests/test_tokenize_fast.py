@@ -98,7 +98,7 @@ def test_texts_normalization_could_change_go_through_hf(tok: FastTokenizer) -> N
     unassigned = "x\U000e0080y"  # no character there in any Unicode version so far
     unassigned_bmp = "x\u0378y"
     assert unicodedata.normalize("NFC", decomposed) != decomposed
-    if isinstance(fast, TiktokenEncoder) or fast._nfc:  # tiktoken checks only with NFC
+    if fast._nfc:  # with no normalizer (DeepSeek): the test after this one
         assert not fast.takes(decomposed) and not fast.takes(unassigned)
         assert not fast.takes(unassigned_bmp) and not fast.takes("\ud800 lone surrogate")
     assert fast.takes("plain ascii") and fast.takes("déjà vu 日本語 🙂")

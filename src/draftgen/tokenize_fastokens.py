@@ -88,8 +88,8 @@ def _return_freed_memory() -> None:
 
 
 def _normalizer(backend: HFTokenizer) -> str | None:
-    """"NFC", None for none (an empty `Sequence` too, as DeepSeek's files have), else the
-    normalizer's JSON."""
+    """The normalizer: "NFC", None for none (an empty `Sequence` too, as DeepSeek's files
+    have), else its JSON."""
     if backend.normalizer is None:
         return None
     spec = orjson.loads(backend.normalizer.__getstate__())
