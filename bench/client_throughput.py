@@ -7,6 +7,10 @@ getrusage inside the child around the measured phase (CPU seconds, all threads):
 
 - raw: aiohttp, a semaphore of CONCURRENCY, POST the very bodies draftgen sends, read the
   answer, discard it. The floor: what any asyncio client must at least spend.
+- read: the same loop, and each answer decoded by msgspec into its text fields (and logprob
+  tokens), a stream event by event and its deltas joined (`_answer_reader`): the least any
+  client must spend to hold the answer, without checking, tokenizing or storing it. Measured
+  for this checkout only; draftgen's rows give their ratio to it beside the floor's.
 - sdk: `openai.OpenAI(...).chat.completions.create` in a ThreadPoolExecutor of WORKERS threads,
   each answer written to a JSONL file (`model_dump_json`): the pattern of today's regeneration
   scripts, asking for logprobs the way draftgen's backend does. No tokenization (it does less
@@ -49,6 +53,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -81,11 +86,67 @@ def _draftgen_src() -> str:
     return str(Path(draftgen.__file__).parent)
 
 
-def child_raw(config: Path, concurrency: int) -> dict[str, Any]:
+class _Delta(msgspec.Struct, gc=False):
+    content: str | None = None
+    reasoning: str | None = None
+
+
+class _Entry(msgspec.Struct, gc=False):
+    token: str = ""
+
+
+class _Logprobs(msgspec.Struct, gc=False):
+    content: list[_Entry] | None = None
+
+
+class _Choice(msgspec.Struct, gc=False):
+    message: _Delta | None = None
+    delta: _Delta | None = None
+    logprobs: _Logprobs | None = None
+
+
+class _Body(msgspec.Struct, gc=False):
+    """The few fields of an answer or a stream event that the read floor decodes."""
+
+    choices: list[_Choice] = []
+
+
+def _answer_reader(stream: bool) -> Any:
+    """The least any client must do to hold an answer's text (and logprob tokens): decode the
+    body, or each SSE event, with msgspec into the few fields read, and join a stream's
+    deltas. No checks, no tokenization, no store: the floor of reading, not of keeping."""
+    decode = msgspec.json.Decoder(_Body).decode
+
+    async def read(resp: Any) -> int:
+        if not stream:
+            data = await resp.read()
+            decode(data)
+            return len(data)
+        parts: list[str] = []
+        partial, size = b"", 0
+        async for data in resp.content.iter_any():
+            size += len(data)
+            lines = (partial + data).split(b"\n")
+            partial = lines.pop()
+            for line in lines:
+                if line.startswith(b"data: {"):
+                    for choice in decode(line[6:]).choices:
+                        if choice.delta is not None:
+                            parts.append(choice.delta.reasoning or choice.delta.content or "")
+        "".join(parts)
+        return size
+
+    return read
+
+
+def child_raw(config: Path, concurrency: int, parse: bool = False) -> dict[str, Any]:
     import aiohttp
+
+    from draftgen.config import load_config
 
     url, built = _bodies(config)
     bodies = [orjson.dumps(b) for b in built]
+    reader = _answer_reader(load_config(config).backends[0].stream) if parse else None
 
     async def main() -> int:
         sem = asyncio.Semaphore(concurrency)
@@ -98,10 +159,10 @@ def child_raw(config: Path, concurrency: int) -> dict[str, Any]:
                     window.sent()
                     async with session.post(url, data=body, headers={
                             "Content-Type": "application/json"}) as resp:
-                        data = await resp.read()
                         if resp.status != 200:
                             raise RuntimeError(f"HTTP {resp.status}")
-                        received += len(data)
+                        received += (await reader(resp) if reader is not None
+                                     else len(await resp.read()))
                         window.answered()
 
             await asyncio.gather(*(one(b) for b in bodies))
@@ -270,9 +331,11 @@ def _measure(kind: str, config: Path, args: argparse.Namespace, *, uvloop: bool 
     return r
 
 
-def _row(name: str, r: dict[str, Any], floor: dict[str, Any], pool: dict[str, Any] | None
-         ) -> str:
+def _row(name: str, r: dict[str, Any], floor: dict[str, Any], pool: dict[str, Any] | None,
+         read: dict[str, Any] | None = None) -> str:
     ratio = f"{r['answers_s'] / floor['answers_s']:.2f}× floor"
+    if read is not None:
+        ratio += f", {r['answers_s'] / read['answers_s']:.2f}× read floor"
     if pool is not None:
         ratio += f", {r['answers_s'] / pool['answers_s']:.2f}× sdk"
     whole = (f"  whole pass {r['pass_answers_s']:.0f}/s "
@@ -296,6 +359,8 @@ def _measure_trees(config: Path, args: argparse.Namespace,
     clients: dict[str, dict[str, Any]] = {}
     for src, tag in trees:
         clients[f"raw{tag}"] = {"kind": "raw", "src": src}
+        if src is None:
+            clients["read"] = {"kind": "read", "src": src}
         clients[f"draftgen{tag}"] = {"kind": "draftgen", "src": src}
         if args.uvloop:
             clients[f"draftgen+uvloop{tag}"] = {"kind": "draftgen", "src": src, "uvloop": True}
@@ -328,12 +393,15 @@ def _print_variant(variant: str, runs: dict[str, dict[str, Any]],
         print(f"{variant}{tag}: {floor['mb_received'] / args.n * 1000:.0f} kB per answer, "
               f"draftgen from {floor['src']}")
         print(_row("raw aiohttp (floor)", floor, floor, None))
+        read = runs.get("read") if not tag else None
+        if read is not None:
+            print(_row("raw aiohttp + decode (read)", read, floor, None))
         if pool is not None and not tag:
             print(_row(f"openai SDK, {args.workers} thr", pool, floor, None))
         for name in (f"draftgen{tag}", f"draftgen+uvloop{tag}",
                      f"draftgen --procs {args.procs}{tag}"):
             if name in runs:
-                print(_row(name, runs[name], floor, pool), flush=True)
+                print(_row(name, runs[name], floor, pool, read), flush=True)
 
 
 def main() -> int:
@@ -355,8 +423,8 @@ def main() -> int:
     p.add_argument("--config", type=Path)
     args = p.parse_args()
     if args.child:
-        if args.child == "raw":
-            common.emit(child_raw(args.config, args.concurrency))
+        if args.child in ("raw", "read"):
+            common.emit(child_raw(args.config, args.concurrency, parse=args.child == "read"))
         elif args.child == "sdk":
             common.emit(child_sdk(args.config, args.workers))
         elif args.child == "procs":
