@@ -142,11 +142,9 @@ def _answer_reader(stream: bool) -> Any:
 def child_raw(config: Path, concurrency: int, parse: bool = False) -> dict[str, Any]:
     import aiohttp
 
-    from draftgen.config import load_config
-
     url, built = _bodies(config)
     bodies = [orjson.dumps(b) for b in built]
-    reader = _answer_reader(load_config(config).backends[0].stream) if parse else None
+    reader = _answer_reader(bool(built[0].get("stream"))) if parse else None
 
     async def main() -> int:
         sem = asyncio.Semaphore(concurrency)
