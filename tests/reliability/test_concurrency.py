@@ -28,7 +28,8 @@ from tests.reliability.helpers import (
 
 SCENARIO = "6. Concurrency safety"
 N = 900
-"""At 16 in flight and 0.5 s a request, about 30 s of live run (not CPU-bound, so about
+LATENCY_S = 0.8
+"""At 16 in flight and 0.8 s a request, about 45 s of live run (not CPU-bound, so about
 the same on a busy machine): time for the readers to run beside it."""
 
 
@@ -45,7 +46,7 @@ def test_readers_and_a_second_writer_during_a_live_run(tmp_path: Path, qwen3_dir
     run_dir = tmp_path / "run"
     responses = run_dir / "d" / "responses.jsonl"
     small = write_jsonl(tmp_path / "e.jsonl", prompt_rows(3, "e"))
-    with TestServer(latency_s=0.5, reasoning_tokens=(5, 30), content_tokens=(5, 30)) as server:
+    with TestServer(latency_s=LATENCY_S, reasoning_tokens=(5, 30), content_tokens=(5, 30)) as server:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("local", "sglang", server.url, concurrency=16)],
             datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": 64})
@@ -70,7 +71,7 @@ def test_readers_and_a_second_writer_during_a_live_run(tmp_path: Path, qwen3_dir
             commands = [c for c in commands if has_command(c[0])
                         and (c[1:2] != ["--quarantine"] or has_option("--quarantine", "audit"))]
             assert commands, "no reader command to test"
-            rounds = 0
+            rounds = quarantine_refused = 0
             while proc.poll() is None and rounds < 2:
                 rounds += 1
                 for command in commands:
@@ -85,9 +86,12 @@ def test_readers_and_a_second_writer_during_a_live_run(tmp_path: Path, qwen3_dir
                     if command == ["status", "--json"]:
                         assert out.returncode == 0, out.stderr
                         done_seen.append(_done(orjson.loads(out.stdout)))
-                    elif "--quarantine" in command:  # refused while live, nothing moved
+                    elif "--quarantine" in command and proc.poll() is None:
+                        # refused while live, nothing moved (a run that ended while the
+                        # command started up may be quarantined like any finished one)
                         assert out.returncode != 0 and "live" in (out.stderr + out.stdout)
                         assert not (run_dir / "d" / "quarantine.jsonl").exists()
+                        quarantine_refused += 1
                     else:
                         assert out.returncode in (0, 1), out.stderr[-2000:]
             out, _ = proc.communicate(timeout=240)
@@ -112,6 +116,8 @@ def test_readers_and_a_second_writer_during_a_live_run(tmp_path: Path, qwen3_dir
     assert index_matches_data(run_dir, "d")
     assert done_seen == sorted(done_seen) and all(0 < d <= N for d in done_seen), done_seen
     assert rounds >= 1 and slowest < 30
+    if ["audit", "--quarantine", "-j", "1"] in commands:
+        assert quarantine_refused, "no `audit --quarantine` ran while the run was live"
 
 
 def _done(status: dict) -> int:
