@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import yaml
@@ -69,6 +69,18 @@ def print_machine() -> None:
 @contextlib.contextmanager
 def test_server(args: Sequence[str], cache_size: int | None = None) -> Iterator[str]:
     """Start the loopback test server in its own process; yield its URL; stop it."""
+    with serving(args, cache_size) as server:
+        yield server.url
+
+
+class Served(NamedTuple):
+    url: str
+    pid: int
+
+
+@contextlib.contextmanager
+def serving(args: Sequence[str], cache_size: int | None = None) -> Iterator[Served]:
+    """`test_server`, yielding the server's pid beside its URL (to read its CPU time)."""
     cmd = [sys.executable, str(BENCH / "_common.py"), "serve", *args]
     if cache_size:
         cmd += ["--cache-size", str(cache_size)]
@@ -78,7 +90,7 @@ def test_server(args: Sequence[str], cache_size: int | None = None) -> Iterator[
         line = proc.stdout.readline()
         if not line.startswith("LISTENING "):
             raise RuntimeError(f"test server did not start: {line!r}")
-        yield line.split()[1]
+        yield Served(line.split()[1], proc.pid)
     finally:
         proc.terminate()
         try:
@@ -137,6 +149,12 @@ def run_child(cmd: Sequence[str], timeout_s: float = 900) -> dict[str, Any]:
     result["process_wall_s"] = time.perf_counter() - started
     del timeout_s
     return result
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a running process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class PhaseMeter:

@@ -31,6 +31,10 @@ is reported beside it, with its seconds outside the dispatch phase; CPU is over 
 Variants: logprobs off, logprobs on, streaming (logprobs off). Before each variant a warm-up
 pass fills the server's answer cache, so the server spends as little CPU as it can.
 
+Every row also gives the server's CPU per 1,000 answers over that client's pass: the server is
+one process, so 1,000 divided by it is the most answers/s it can serve on one CPU, the ceiling
+of every client's rate (the floor's too, when it comes near it).
+
 Before/after in one run: `--baseline-src DIR` measures the floor and draftgen a second time with
 the draftgen package of DIR (the `src` folder of an earlier checkout, put first on PYTHONPATH
 of those children; the floor then sends that tree's request bodies). With `--repeat R`, each
@@ -322,7 +326,9 @@ def _measure(kind: str, config: Path, args: argparse.Namespace, *, uvloop: bool 
         cmd = ["env", f"PYTHONPATH={src}", *cmd]  # env execs python: wait4 still measures it
     if kind in ("draftgen", "procs"):
         shutil.rmtree(config.parent / "run", ignore_errors=True)
+    server_cpu_s = common.process_cpu_s(args.server_pid)
     r = common.run_child(cmd)
+    r["server_cpu_s"] = common.process_cpu_s(args.server_pid) - server_cpu_s
     r["answers_s"] = r["answers"] / r["dispatch_s"]
     r["pass_answers_s"] = r["answers"] / r["wall_s"]
     r["cpu_per_1k"] = r["cpu_s"] / r["answers"] * 1000
@@ -343,8 +349,9 @@ def _row(name: str, r: dict[str, Any], floor: dict[str, Any], pool: dict[str, An
             if "main_thread_cpu_s" in r else "")
     passes = r.get("answers_s_passes", [])
     spread = f"  passes {'/'.join(map(str, passes))}" if len(passes) > 1 else ""
+    server = f"  server {r['server_cpu_s'] / r['answers'] * 1000:.2f} CPU s/1k"
     return (f"  {name:<30} {r['answers_s']:8.0f} answers/s  {r['cpu_per_1k']:6.2f} CPU s/1k  "
-            f"peak RSS {r['peak_rss_mb']:6.0f} MB   {ratio}{whole}{loop}{spread}")
+            f"peak RSS {r['peak_rss_mb']:6.0f} MB   {ratio}{whole}{loop}{server}{spread}")
 
 
 def _measure_trees(config: Path, args: argparse.Namespace,
@@ -435,8 +442,8 @@ def main() -> int:
     print(f"{args.n:,} requests at {args.concurrency:,} in flight; sdk: ThreadPoolExecutor "
           f"({args.workers} workers); server: {' '.join(SERVER_ARGS)}", flush=True)
     results: dict[str, dict[str, Any]] = {}
-    with common.scratch("dg-bench-") as tmp, common.test_server(
-            SERVER_ARGS, cache_size=args.n + 1000) as url:
+    with common.scratch("dg-bench-") as tmp, common.serving(
+            SERVER_ARGS, cache_size=args.n + 1000) as (url, args.server_pid):
         dataset = common.write_jsonl(tmp / "prompts.jsonl", common.prompt_rows(args.n))
         for variant in args.variants.split(","):
             folder = tmp / variant

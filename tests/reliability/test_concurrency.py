@@ -46,7 +46,8 @@ def test_readers_and_a_second_writer_during_a_live_run(tmp_path: Path, qwen3_dir
     run_dir = tmp_path / "run"
     responses = run_dir / "d" / "responses.jsonl"
     small = write_jsonl(tmp_path / "e.jsonl", prompt_rows(3, "e"))
-    with TestServer(latency_s=LATENCY_S, reasoning_tokens=(5, 30), content_tokens=(5, 30)) as server:
+    with TestServer(latency_s=LATENCY_S, reasoning_tokens=(5, 30),
+                    content_tokens=(5, 30)) as server:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("local", "sglang", server.url, concurrency=16)],
             datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": 64})
