@@ -17,15 +17,4 @@ source scripts/_env.sh
 bash scripts/build_llama_server.sh >/dev/null
 draftgen run examples/quickstart.yaml
 echo
-if draftgen status --help >/dev/null 2>&1; then
-  draftgen status runs/quickstart
-else
-  # TODO: drop this fallback once `draftgen status` has landed everywhere.
-  for d in runs/quickstart/*/; do
-    [ -f "$d/responses.jsonl" ] || continue
-    n=$(wc -l <"$d/responses.jsonl")
-    f=0
-    [ -f "$d/failures.jsonl" ] && f=$(wc -l <"$d/failures.jsonl")
-    echo "$(basename "$d"): $n answers, $f failures -> $d/responses.jsonl"
-  done
-fi
+draftgen status runs/quickstart

@@ -1,0 +1,54 @@
+"""The README's first command, end to end: `examples/quickstart.yaml` run as
+`scripts/quickstart.sh` runs it (from the checkout's root, the probe on, a managed
+llama-server with the bundled SmolLM2), then `status`, `audit`, and a second `run` that
+resumes with nothing left to send."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.engine import require_engine
+from tests.reliability.helpers import draftgen
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _rows(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_quickstart_runs_resumes_and_audits(tmp_path: Path) -> None:
+    require_engine()
+    shutil.copytree(EXAMPLES, tmp_path / "examples")
+    data = tmp_path / "examples" / "data"
+    expected = {name: _rows(data / f"{name}.jsonl")
+                for name in ("quickstart", "quickstart_multiturn")}
+
+    first = draftgen("run", "examples/quickstart.yaml", "--no-live", cwd=tmp_path, timeout=540)
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    status = draftgen("status", "runs/quickstart", "--json", cwd=tmp_path, timeout=60)
+    assert status.returncode == 0, status.stderr
+    datasets = orjson.loads(status.stdout)["datasets"]
+    assert {name: d["done"] for name, d in datasets.items()} == expected
+    assert all(d["failed"] == 0 and d["pending"] == 0 for d in datasets.values()), datasets
+    # The engine's own IDs (native /completion endpoint): nothing rebuilt by re-encoding.
+    assert all(d["not_exact"] == 0 for d in datasets.values()), datasets
+
+    audit = draftgen("audit", "runs/quickstart", cwd=tmp_path, timeout=120)
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
+
+    again = draftgen("run", "examples/quickstart.yaml", "--no-live", cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = orjson.loads(draftgen("status", "runs/quickstart", "--json", cwd=tmp_path,
+                                  timeout=60).stdout)["datasets"]
+    assert {name: d["done"] for name, d in after.items()} == expected
+    for name in expected:  # one line per prompt: the resume sent nothing again
+        lines = (tmp_path / "runs/quickstart" / name / "responses.jsonl").read_bytes()
+        assert lines.count(b"\n") == expected[name]
