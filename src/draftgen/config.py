@@ -247,6 +247,9 @@ class RunConfig(_Strict):
     fsync_interval_s: float = Field(1.0, ge=0)
     """How often the output files are fsync'ed (0: after every record). Every record is
     written to the OS as it arrives whatever this says; fsync protects against a power loss."""
+    min_free_mb: float = Field(256, ge=0)
+    """Free space kept on the output disk: below it no new request is sent, the answers in
+    flight are written, and the run stops (resumable once space is freed). 0: off."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> RunConfig:

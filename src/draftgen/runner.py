@@ -52,6 +52,7 @@ from draftgen.store.resume import (
     read_elsewhere,
 )
 from draftgen.store.runinfo import end_session, record_datasets, start_session
+from draftgen.store.space import SpaceGuard
 from draftgen.tokenize import OffLoopBatcher, Tokenizer, load_tokenizer, self_check
 from draftgen.types import BackendError, Prompt, RawAnswer, Rebuilt
 
@@ -136,6 +137,7 @@ class Runner:
         self.cfg = plan.cfg
         self.root = plan.run_dir
         self.store = Store(self.root, self.cfg.fsync_interval_s)
+        self._space = SpaceGuard(self.root, self.cfg.min_free_mb)
         self.counters = RunCounters()
         self.live_display = live_display
         self.queues: dict[str, deque[Pending]] = {}
@@ -327,7 +329,7 @@ class Runner:
         display_task: asyncio.Task[None] | None = None
         self._install_signal_handlers()
         try:
-            if not await self._start_up(backends):
+            if self._out_of_space() or not await self._start_up(backends):
                 return
             # The fast encoder, started by `prepare`, is built while the prompts are read, the
             # run folder is scanned and the backends start; the first request waits for it.
@@ -391,7 +393,7 @@ class Runner:
 
     async def _dispatch(self, slots: BackendSlots) -> None:
         self._slots = slots
-        while not self._stopping:
+        while not self._stopping and not self._out_of_space():
             picked = await self._next_pending()
             if picked is None:
                 if not self._tasks:
@@ -430,6 +432,17 @@ class Runner:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         await self._drain()
+
+    def _out_of_space(self) -> bool:
+        """The output disk is nearly full (`store.space`): stop sending, as after a write
+        failure; what is in flight is still written."""
+        shortage = self._space.shortage()
+        if shortage is None:
+            return False
+        log.error("%s", shortage)
+        self._fatal = self._fatal or shortage
+        self._stopping = True
+        return True
 
     async def _more_from_pool(self, admission: Admission) -> bool:
         """A shard short of dollars asks its pool for more. True to admit again: the lease

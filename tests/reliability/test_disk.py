@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,12 +53,17 @@ def tmpfs(where: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-def _setup(tmp_path: Path, qwen3_dir: Path, server: TestServer, run_dir: Path) -> Path:
+def _setup(tmp_path: Path, qwen3_dir: Path, server: TestServer, run_dir: Path,
+           **top: Any) -> Path:
     data = write_jsonl(tmp_path / "d.jsonl", prompt_rows(N))
     return write_config(tmp_path, qwen3_dir, backends=[
         fast_backend("local", "sglang", server.url, concurrency=64)],
         datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": 64},
-        output_dir=str(run_dir))
+        output_dir=str(run_dir), **top)
+
+
+def _model_calls(server: TestServer) -> int:
+    return sum(server.stats["per_prompt"].values())
 
 
 def _check_stop(case, proc_rc: int, out: str, run_dir: Path, what: str) -> set[str]:
@@ -87,12 +93,12 @@ def _resume_and_check(case, cfg: Path, run_dir: Path, kept: set[str]) -> None:
 
 @pytest.mark.slow
 def test_disk_full_mid_run_tmpfs(tmp_path: Path, qwen3_dir: Path, reliability) -> None:
-    case = reliability(SCENARIO, "output disk full mid-run (a 1 MB tmpfs: ENOSPC), then "
-                       "resumed once space is back")
+    case = reliability(SCENARIO, "output disk full mid-run (a 1 MB tmpfs: ENOSPC; the free-space "
+                       "guard off), then resumed once space is back")
     with tmpfs(tmp_path / "disk", "1m") as disk, \
          TestServer(latency_s=0.02, reasoning_tokens=(5, 20), content_tokens=(5, 20)) as server:
         run_dir = disk / "run"
-        cfg = _setup(tmp_path, qwen3_dir, server, run_dir)
+        cfg = _setup(tmp_path, qwen3_dir, server, run_dir, min_free_mb=0)
         t0 = time.monotonic()
         proc = draftgen("run", str(cfg), "--no-live", *no_probe(), timeout=180)
         wall = time.monotonic() - t0
@@ -110,6 +116,34 @@ def test_disk_full_mid_run_tmpfs(tmp_path: Path, qwen3_dir: Path, reliability) -
         assert _mount(["mount", "-o", "remount,size=64m", str(disk)])
         _resume_and_check(case, cfg, run_dir, kept)
     case.note(f"resumed once the disk was 64 MB: all {N:,} answered exactly once")
+
+
+@pytest.mark.slow
+def test_disk_nearly_full_stops_sending_and_loses_no_answer(tmp_path: Path, qwen3_dir: Path,
+                                                            reliability) -> None:
+    case = reliability(SCENARIO, "output disk nearly full mid-run (a 3 MB tmpfs, min_free_mb 2): "
+                       "no new request, every answer in flight written, then resumed")
+    with tmpfs(tmp_path / "disk", "3m") as disk, \
+         TestServer(latency_s=0.02, reasoning_tokens=(5, 20), content_tokens=(5, 20)) as server:
+        run_dir = disk / "run"
+        cfg = _setup(tmp_path, qwen3_dir, server, run_dir, min_free_mb=2)
+        proc = draftgen("run", str(cfg), "--no-live", *no_probe(), timeout=180)
+        kept = _check_stop(case, proc.returncode, proc.stderr, run_dir, "output disk nearly full")
+        sent = _model_calls(server)
+        case.lost += sent - len(kept)
+        case.note(f"exit {proc.returncode}, {sent:,} requests sent and {len(kept):,} answers "
+                  f"kept: `{_last_error(proc.stderr)}`")
+        assert "No space left on device" not in proc.stderr, proc.stderr[-3000:]
+        assert 0 < len(kept) < N
+        assert sent == len(kept), "answers paid for and not written"
+        again = draftgen("run", str(cfg), "--no-live", *no_probe(), timeout=120)
+        _check_stop(case, again.returncode, again.stderr, run_dir, "output disk nearly full")
+        assert _model_calls(server) == sent, "a run on a nearly full disk sent requests"
+        assert check_folder(run_dir).ids("d") == kept
+        assert _mount(["mount", "-o", "remount,size=64m", str(disk)])
+        _resume_and_check(case, cfg, run_dir, kept)
+    case.note(f"a second run refused before sending; resumed once the disk was 64 MB: all "
+              f"{N:,} answered exactly once")
 
 
 @pytest.mark.slow

@@ -1,0 +1,51 @@
+"""Free space on the output disk: the run stops sending before the disk is full.
+
+An answer that arrives after the disk filled up cannot be written, and it has been paid for.
+So the runner sends no new request once the free space falls under `min_free_mb`, and the
+answers already in flight are written into what is left (2,000 answers in flight take tens of
+MB). The run then ends as after a write failure, and resumes once space is freed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+CHECK_EVERY_S = 0.1
+"""statvfs at most this often: it is checked before every request."""
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the file system of `path`."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+class SpaceGuard:
+    """Says when the output disk holds less than `min_free_mb` free (0: never)."""
+
+    def __init__(self, path: Path, min_free_mb: float, every_s: float = CHECK_EVERY_S) -> None:
+        self.path = path
+        self.min_free = int(min_free_mb * 2**20)
+        self.every_s = every_s
+        self._next_check = 0.0
+
+    def shortage(self) -> str | None:
+        """Why no new request may be sent, or None while there is room (or the last check is
+        less than `every_s` old, or the free space cannot be read)."""
+        if not self.min_free:
+            return None
+        now = time.monotonic()
+        if now < self._next_check:
+            return None
+        self._next_check = now + self.every_s
+        try:
+            free = free_bytes(self.path)
+        except OSError:
+            return None  # the writes themselves then say what is wrong with the disk
+        if free >= self.min_free:
+            return None
+        return (f"{self.path}: output disk nearly full ({free / 2**20:,.1f} MB free, "
+                f"min_free_mb is {self.min_free / 2**20:,.0f}): no new requests; free some "
+                f"space (or lower min_free_mb) and run again to resume")
