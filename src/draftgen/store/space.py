@@ -46,6 +46,12 @@ class SpaceGuard:
             return None  # the writes themselves then say what is wrong with the disk
         if free >= self.min_free:
             return None
-        return (f"{self.path}: output disk nearly full ({free / 2**20:,.1f} MB free, "
-                f"min_free_mb is {self.min_free / 2**20:,.0f}): no new requests; free some "
-                f"space (or lower min_free_mb) and run again to resume")
+        return (f"{self.path}: output disk nearly full ({_mb(free)} MB free, min_free_mb is "
+                f"{_mb(self.min_free)}): no new requests; free some space (or lower "
+                f"min_free_mb) and run again to resume")
+
+
+def _mb(n_bytes: int) -> str:
+    """MB with the digits that tell 1.97 from 2 where it matters."""
+    mb = n_bytes / 2**20
+    return f"{mb:,.0f}" if mb >= 100 else f"{mb:.2f}".rstrip("0").rstrip(".")
