@@ -44,6 +44,7 @@ from draftgen.scale.leases import (
 from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
 from draftgen.store import RunLayout, RunLock, Store, StoreError, scan_dataset
+from draftgen.store.journal import read_journal
 from draftgen.store.resume import (
     DatasetOnDisk,
     DoneIds,
@@ -51,7 +52,13 @@ from draftgen.store.resume import (
     done_elsewhere,
     read_elsewhere,
 )
-from draftgen.store.runinfo import end_session, record_datasets, start_session
+from draftgen.store.runinfo import (
+    end_session,
+    read_run_json,
+    record_datasets,
+    record_session,
+    start_session,
+)
 from draftgen.store.space import SpaceGuard
 from draftgen.tokenize import OffLoopBatcher, Tokenizer, load_tokenizer, self_check
 from draftgen.types import BackendError, Prompt, RawAnswer, Rebuilt
@@ -156,6 +163,8 @@ class Runner:
         self._starting: asyncio.Future[bool] | None = None
         self._fatal: str | None = None
         self._budget_stop: str | None = None
+        self._unsettled_usd = 0.0
+        """Worst cases of this session's paid requests that ended with no known bill."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._rebuild = OffLoopBatcher(
             self._rebuild_batch, max_batch=128,
@@ -171,10 +180,12 @@ class Runner:
         not out of attempts and within its budget."""
         limits = {d.name: d for d in self.cfg.datasets}
         self.elsewhere = elsewhere = [read_elsewhere(f) for f in self._other_run_folders()]
+        done_here: dict[str, DoneIds] = {}
         for ds in self.plan.datasets:
             ds.prompts.save_cache()
             _warn_bad_rows(ds)
             on_disk, _ = scan_dataset(self.store.layout, ds.name)
+            done_here[ds.name] = on_disk.done
             done = on_disk.done | done_elsewhere(elsewhere, ds.name) if elsewhere else on_disk.done
             counters = DatasetCounters(total=len(ds.prompts))
             counters.output_tokens_before = on_disk.output_tokens
@@ -191,6 +202,29 @@ class Runner:
                          counters.done_before, counters.exhausted, len(queue))
         if elsewhere and self.lease is None:
             self._count_spend_elsewhere(elsewhere)
+        self.ledger.add_spent(self._unsettled_before(done_here))
+
+    def _unsettled_before(self, done: dict[str, DoneIds]) -> float:
+        """What earlier sessions' paid requests may have been billed without an answer on disk
+        (aborted, or in flight at a kill), at their worst case: counted as spent, since their
+        bills are unknown. A killed session's share is read from the journal (its requests
+        sent and never ended, less those whose answer is on disk) and kept in run.json."""
+        path = self.store.layout.run_json
+        sessions = read_run_json(path).get("sessions") or []
+        tail = read_journal(self.store.layout.journal)
+        killed = tail.session
+        if killed is not None and killed < min(self.session, len(sessions)) \
+                and sessions[killed].get("outcome") is None \
+                and "unsettled_usd" not in sessions[killed]:
+            open_ = [r for r in tail.open if r.id not in done.get(r.dataset or "", DoneIds())]
+            usd = sum(r.usd for r in open_)
+            record_session(path, killed, unsettled_usd=round(usd, 6))
+            sessions[killed]["unsettled_usd"] = usd
+            if usd:
+                log.warning("%d paid requests were in flight when session %d was killed: "
+                            "possibly billed, counted at their worst case ($%.4f) against "
+                            "budget.usd", sum(r.usd > 0 for r in open_), killed, usd)
+        return sum(_unsettled_of(s) for s in sessions[:self.session])
 
     def _count_spend_elsewhere(self, elsewhere: list[StoredElsewhere]) -> None:
         """An unsharded run whose run folder also holds shard folders (a run sharded before):
@@ -577,7 +611,8 @@ class Runner:
         started = time.monotonic()
         settled = False
         try:
-            self._journal("sent", prompt, backend=backend.name, max_tokens=max_tokens)
+            self._journal("sent", prompt, backend=backend.name, max_tokens=max_tokens,
+                          **({"usd": round(reservation.usd, 9)} if reservation.usd else {}))
             raw, retries = await send_with_retries(
                 backend, prompt, input_ids, max_tokens,
                 on_error=lambda e: self._slots.note_result(backend, failed=e.retryable))
@@ -615,6 +650,7 @@ class Runner:
                 # Unknown outcome (aborted mid-stream, write failed): keep the worst case
                 # counted as spent, never less.
                 self.ledger.settle(reservation, reservation.tokens, reservation.usd)
+                self._unsettled_usd += reservation.usd
             counters.in_flight -= 1
             self._slots.release(backend)
             if reservation.usd:
@@ -725,7 +761,19 @@ class Runner:
         return {"done_now": t.done, "failed_now": t.failed, "done_total": t.done_before + t.done,
                 "skipped_budget": t.skipped, "total": t.total,
                 "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
-                "cost_usd_total": round(t.cost + t.cost_before, 6)}
+                "cost_usd_total": round(t.cost + t.cost_before, 6),
+                "unsettled_usd": round(self._unsettled_usd, 6)}
+
+
+def _unsettled_of(session: dict[str, Any]) -> float:
+    """A session's `unsettled_usd`: recorded at its end (aborted requests), or by the next
+    session's start for a killed one."""
+    summary = session.get("summary")
+    for value in (session.get("unsettled_usd"),
+                  summary.get("unsettled_usd") if isinstance(summary, dict) else None):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
 
 
 def _warn_bad_rows(ds: DatasetPlan, shown: int = 10) -> None:

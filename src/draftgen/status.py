@@ -200,6 +200,7 @@ class RunStatus:
             "datasets": {name: d.as_json() for name, d in self.datasets.items()},
             "total": self.total.as_json(),
             "in_flight_ids": [r.id for r in self.journal.open][:100],
+            "in_flight_worst_usd": round(sum(r.usd for r in self.journal.open), 6),
             "notes": self.notes,
         }
         if self.shards:
@@ -777,8 +778,11 @@ def _folder_notes(st: RunStatus, journal: JournalTail) -> list[str]:
 
 def _stop_note(st: RunStatus) -> list[str]:
     if st.journal.open and not st.live:
+        usd = sum(r.usd for r in st.journal.open)
+        billed = (f" (at most ${usd:,.4f} at their worst case, counted as spent when the run "
+                  "resumes)" if usd else "")
         return [f"{len(st.journal.open):,} requests were in flight at the stop: sent, never "
-                "answered, possibly billed; the next run sends them again"]
+                f"answered, possibly billed{billed}; the next run sends them again"]
     return []
 
 

@@ -6,7 +6,7 @@ A long run journals two lines per answer, so readers must not parse it whole. Th
 (`Store.journal`, through `OpenTracker`) therefore adds now and then a line listing the requests
 open at that point::
 
-    {"ev": "open", "session": S, "t": T, "open": [[ID, DATASET, SENT_AT, BACKEND], ...]}
+    {"ev": "open", "session": S, "t": T, "open": [[ID, DATASET, SENT_AT, BACKEND, USD], ...]}
 
 (every `CHECKPOINT_EVERY` events, or more rarely when many requests are open, so that these
 lines stay a few per cent of the journal). A reader takes the last such line of the last session
@@ -15,6 +15,10 @@ by counting: lines are appended in session order, so the last session starts whe
 search over line starts says; within it, requests still open number `sent - ok - failed -
 dropped` (counted on the raw bytes), and they are found by parsing lines backwards from the end
 until that many are found.
+
+A paid request's `sent` line carries `usd`, its worst-case cost as reserved by the budget: what
+a request in flight at a kill may have been billed (`unsettled_usd`). Older journals lack it
+(and checkpoint entries have four fields): read as 0.
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ class OpenTracker:
             self._session = session
         if ev == "sent":
             self.open.setdefault(rid, []).append(
-                [rid, event.get("dataset"), event.get("t"), event.get("backend")])
+                [rid, event.get("dataset"), event.get("t"), event.get("backend"),
+                 event.get("usd", 0.0)])
         elif ev in ENDED and rid in self.open:
             self.open[rid].pop(0)
             if not self.open[rid]:
@@ -80,6 +85,18 @@ class OpenRequest:
     dataset: str | None
     t: float | None
     backend: str | None
+    usd: float = 0.0
+    """Its worst-case cost, reserved when it was sent (0: free, or an older journal)."""
+
+    @classmethod
+    def of_event(cls, event: dict[str, Any]) -> OpenRequest:
+        """From a `sent` line."""
+        return cls(event["id"], event.get("dataset"), event.get("t"), event.get("backend"),
+                   _usd(event.get("usd")))
+
+
+def _usd(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 @dataclass
@@ -204,16 +221,15 @@ def _replay(checkpoint: dict[str, Any], raw: bytes, out: JournalTail) -> None:
     """The checkpoint's open requests, then the events after it, in order."""
     open_: dict[str, list[OpenRequest]] = {}
     for req in checkpoint.get("open") or []:
-        if isinstance(req, list) and len(req) == 4 and isinstance(req[0], str):
-            open_.setdefault(req[0], []).append(OpenRequest(*req))
+        if isinstance(req, list) and len(req) in (4, 5) and isinstance(req[0], str):
+            open_.setdefault(req[0], []).append(OpenRequest(*req[:4], *map(_usd, req[4:])))
     for line in raw.splitlines():
         event = _parse(line)
         if event is None or not isinstance(event.get("id"), str):
             continue
         ev, rid = event.get("ev"), event["id"]
         if ev == "sent":
-            open_.setdefault(rid, []).append(OpenRequest(rid, event.get("dataset"),
-                                                         event.get("t"), event.get("backend")))
+            open_.setdefault(rid, []).append(OpenRequest.of_event(event))
         elif ev in ENDED and open_.get(rid):
             open_[rid].pop(0)
     out.open = [r for reqs in open_.values() for r in reqs]
@@ -244,6 +260,5 @@ def _find_open(raw: bytes, wanted: int, out: JournalTail) -> None:
             if ended[rid]:
                 ended[rid] -= 1
             else:
-                out.open.append(OpenRequest(rid, event.get("dataset"), event.get("t"),
-                                            event.get("backend")))
+                out.open.append(OpenRequest.of_event(event))
     out.complete = len(out.open) >= wanted

@@ -78,6 +78,15 @@ def end_session(path: Path, index: int, outcome: str, summary: dict[str, Any]) -
         write_atomic(path, data)
 
 
+def record_session(path: Path, index: int, **fields: Any) -> None:
+    """Add fields to session `index` (one that ended without saying so: a killed one)."""
+    data = read_run_json(path)
+    sessions = data.get("sessions") or []
+    if index < len(sessions):
+        sessions[index].update(fields)
+        write_atomic(path, data)
+
+
 def record_datasets(path: Path, datasets: dict[str, dict[str, Any]]) -> None:
     """Per-dataset totals of the latest session (prompts, bad rows, skipped by budget...), so
     that status can show totals without re-reading the datasets."""
