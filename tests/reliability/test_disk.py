@@ -62,6 +62,17 @@ def _setup(tmp_path: Path, qwen3_dir: Path, server: TestServer, run_dir: Path,
         output_dir=str(run_dir), **top)
 
 
+@contextlib.contextmanager
+def _run_on_tmpfs(tmp_path: Path, qwen3_dir: Path, size: str, **top: Any
+                  ) -> Iterator[tuple[Path, TestServer, Path, Path]]:
+    """A tmpfs of `size`, a fast test server, and a run config writing to the tmpfs: (the
+    tmpfs, the server, the run folder, the config)."""
+    with tmpfs(tmp_path / "disk", size) as disk, \
+         TestServer(latency_s=0.02, reasoning_tokens=(5, 20), content_tokens=(5, 20)) as server:
+        run_dir = disk / "run"
+        yield disk, server, run_dir, _setup(tmp_path, qwen3_dir, server, run_dir, **top)
+
+
 def _model_calls(server: TestServer) -> int:
     return sum(server.stats["per_prompt"].values())
 
@@ -95,10 +106,7 @@ def _resume_and_check(case, cfg: Path, run_dir: Path, kept: set[str]) -> None:
 def test_disk_full_mid_run_tmpfs(tmp_path: Path, qwen3_dir: Path, reliability) -> None:
     case = reliability(SCENARIO, "output disk full mid-run (a 1 MB tmpfs: ENOSPC; the free-space "
                        "guard off), then resumed once space is back")
-    with tmpfs(tmp_path / "disk", "1m") as disk, \
-         TestServer(latency_s=0.02, reasoning_tokens=(5, 20), content_tokens=(5, 20)) as server:
-        run_dir = disk / "run"
-        cfg = _setup(tmp_path, qwen3_dir, server, run_dir, min_free_mb=0)
+    with _run_on_tmpfs(tmp_path, qwen3_dir, "1m", min_free_mb=0) as (disk, server, run_dir, cfg):
         t0 = time.monotonic()
         proc = draftgen("run", str(cfg), "--no-live", *no_probe(), timeout=180)
         wall = time.monotonic() - t0
@@ -123,10 +131,7 @@ def test_disk_nearly_full_stops_sending_and_loses_no_answer(tmp_path: Path, qwen
                                                             reliability) -> None:
     case = reliability(SCENARIO, "output disk nearly full mid-run (a 3 MB tmpfs, min_free_mb 2): "
                        "no new request, every answer in flight written, then resumed")
-    with tmpfs(tmp_path / "disk", "3m") as disk, \
-         TestServer(latency_s=0.02, reasoning_tokens=(5, 20), content_tokens=(5, 20)) as server:
-        run_dir = disk / "run"
-        cfg = _setup(tmp_path, qwen3_dir, server, run_dir, min_free_mb=2)
+    with _run_on_tmpfs(tmp_path, qwen3_dir, "3m", min_free_mb=2) as (disk, server, run_dir, cfg):
         proc = draftgen("run", str(cfg), "--no-live", *no_probe(), timeout=180)
         kept = _check_stop(case, proc.returncode, proc.stderr, run_dir, "output disk nearly full")
         sent = _model_calls(server)
