@@ -123,3 +123,8 @@ def test_requests_billed_unknown_count_against_the_budget_of_later_sessions(
         assert len(read_records(run_dir, "d")) == 40
         sessions = orjson.loads((run_dir / "run.json").read_bytes())["sessions"]
         assert [s.get("unsettled_usd") for s in sessions][1:] == [None, None]
+    after = collect_status(run_dir)
+    assert after.unsettled_usd == pytest.approx(IN_FLIGHT * WORST)
+    assert after.as_json()["unsettled_usd"] == pytest.approx(IN_FLIGHT * WORST)
+    assert f"at most ${IN_FLIGHT * WORST:,.4f} at their worst case, not in the $ above" in (
+        " ".join(after.notes))

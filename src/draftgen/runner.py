@@ -57,6 +57,7 @@ from draftgen.store.runinfo import (
     read_run_json,
     record_datasets,
     record_session,
+    session_unsettled_usd,
     start_session,
 )
 from draftgen.store.space import SpaceGuard
@@ -224,7 +225,7 @@ class Runner:
                 log.warning("%d paid requests were in flight when session %d was killed: "
                             "possibly billed, counted at their worst case ($%.4f) against "
                             "budget.usd", sum(r.usd > 0 for r in open_), killed, usd)
-        return sum(_unsettled_of(s) for s in sessions[:self.session])
+        return sum(map(session_unsettled_usd, sessions[:self.session]))
 
     def _count_spend_elsewhere(self, elsewhere: list[StoredElsewhere]) -> None:
         """An unsharded run whose run folder also holds shard folders (a run sharded before):
@@ -763,17 +764,6 @@ class Runner:
                 "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
                 "cost_usd_total": round(t.cost + t.cost_before, 6),
                 "unsettled_usd": round(self._unsettled_usd, 6)}
-
-
-def _unsettled_of(session: dict[str, Any]) -> float:
-    """A session's `unsettled_usd`: recorded at its end (aborted requests), or by the next
-    session's start for a killed one."""
-    summary = session.get("summary")
-    for value in (session.get("unsettled_usd"),
-                  summary.get("unsettled_usd") if isinstance(summary, dict) else None):
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    return 0.0
 
 
 def _warn_bad_rows(ds: DatasetPlan, shown: int = 10) -> None:

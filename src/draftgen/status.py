@@ -26,7 +26,7 @@ from draftgen.store.fast_index import IndexColumns, load_index_columns, torn_tai
 from draftgen.store.journal import JournalTail, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
-from draftgen.store.runinfo import read_run_json
+from draftgen.store.runinfo import read_run_json, session_unsettled_usd
 
 WINDOW_S = 300.0
 """The span of the "last minutes" rates."""
@@ -185,6 +185,9 @@ class RunStatus:
     notes: list[str] = field(default_factory=list)
     shards: list[ShardStatus] = field(default_factory=list)
     """A sharded run's folders, each by its own numbers (empty for a run without shards)."""
+    unsettled_usd: float = 0.0
+    """Earlier sessions' paid requests that ended without a known bill (aborted, or in flight
+    at a kill), at their worst case, as run.json records them: counted as spent on resume."""
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -201,6 +204,7 @@ class RunStatus:
             "total": self.total.as_json(),
             "in_flight_ids": [r.id for r in self.journal.open][:100],
             "in_flight_worst_usd": round(sum(r.usd for r in self.journal.open), 6),
+            "unsettled_usd": round(self.unsettled_usd, 6),
             "notes": self.notes,
         }
         if self.shards:
@@ -580,6 +584,7 @@ def _folder_status(f: _Folder, answered: dict[str, np.ndarray], now: float) -> R
         last_activity=last_activity, now=now, sessions=len(sessions),
         last_outcome=sessions[-1].get("outcome") if sessions else None,
         datasets=f.datasets, total=total, journal=journal,
+        unsettled_usd=sum(map(session_unsettled_usd, sessions)),
     )
     status.notes = _notes(status, journal)
     return status
@@ -714,6 +719,7 @@ def _sharded_status(root: Path, parts: list[RunPart], now: float | None) -> RunS
         datasets=datasets, total=total, journal=journal,
         shards=[ShardStatus(p, _shard_state(st), st) for p, st in zip(parts, statuses,
                                                                         strict=True)],
+        unsettled_usd=sum(st.unsettled_usd for st in statuses),
     )
     status.notes = _sharded_notes(status, repeats)
     return status
@@ -738,7 +744,8 @@ def _in_flight(journal: JournalTail, datasets: dict[str, DatasetStatus],
 
 
 def _notes(st: RunStatus, journal: JournalTail) -> list[str]:
-    return [*_totals_note(st), *_folder_notes(st, journal), *_stop_note(st)]
+    return [*_totals_note(st), *_folder_notes(st, journal), *_stop_note(st),
+            *_unsettled_note(st)]
 
 
 def _totals_note(st: RunStatus) -> list[str]:
@@ -786,6 +793,14 @@ def _stop_note(st: RunStatus) -> list[str]:
     return []
 
 
+def _unsettled_note(st: RunStatus) -> list[str]:
+    if not st.unsettled_usd:
+        return []
+    return [f"earlier sessions' paid requests without a known bill (aborted, or in flight at a "
+            f"kill): at most ${st.unsettled_usd:,.4f} at their worst case, not in the $ above; "
+            "counted as spent against budget.usd"]
+
+
 def _missing_shards(parts: list[RunPart]) -> list[str]:
     """The shards ("I/N") of each shard count N seen that have no folder."""
     present: dict[int, set[int]] = {}
@@ -804,7 +819,7 @@ def _sharded_notes(st: RunStatus, repeats: Counter[str]) -> list[str]:
                                                *_stop_note(own)])
     notes.extend(f"{name}: {n:,} prompts answered in two shard folders (a re-sharded run): "
                  "counted once; export keeps the first" for name, n in repeats.items() if n)
-    return notes
+    return [*notes, *_unsettled_note(st)]
 
 
 # ---- showing it -------------------------------------------------------------------------------

@@ -87,6 +87,20 @@ def record_session(path: Path, index: int, **fields: Any) -> None:
         write_atomic(path, data)
 
 
+def session_unsettled_usd(session: Any) -> float:
+    """A session's paid requests that ended without a known bill, at their worst case:
+    recorded at its end (`summary.unsettled_usd`: aborted requests), or by the next session's
+    start for a killed one (`unsettled_usd`)."""
+    if not isinstance(session, dict):
+        return 0.0
+    summary = session.get("summary")
+    for value in (session.get("unsettled_usd"),
+                  summary.get("unsettled_usd") if isinstance(summary, dict) else None):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
+
+
 def record_datasets(path: Path, datasets: dict[str, dict[str, Any]]) -> None:
     """Per-dataset totals of the latest session (prompts, bad rows, skipped by budget...), so
     that status can show totals without re-reading the datasets."""
