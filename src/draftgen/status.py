@@ -203,7 +203,7 @@ class RunStatus:
             "datasets": {name: d.as_json() for name, d in self.datasets.items()},
             "total": self.total.as_json(),
             "in_flight_ids": [r.id for r in self.journal.open][:100],
-            "in_flight_worst_usd": round(sum(r.usd for r in self.journal.open), 6),
+            "in_flight_worst_usd": round(self.journal.open_usd, 6),
             "unsettled_usd": round(self.unsettled_usd, 6),
             "notes": self.notes,
         }
@@ -785,7 +785,7 @@ def _folder_notes(st: RunStatus, journal: JournalTail) -> list[str]:
 
 def _stop_note(st: RunStatus) -> list[str]:
     if st.journal.open and not st.live:
-        usd = sum(r.usd for r in st.journal.open)
+        usd = st.journal.open_usd
         billed = (f" (at most ${usd:,.4f} at their worst case, counted as spent when the run "
                   "resumes)" if usd else "")
         return [f"{len(st.journal.open):,} requests were in flight at the stop: sent, never "

@@ -92,10 +92,11 @@ class OpenRequest:
     def of_event(cls, event: dict[str, Any]) -> OpenRequest:
         """From a `sent` line."""
         return cls(event["id"], event.get("dataset"), event.get("t"), event.get("backend"),
-                   _usd(event.get("usd")))
+                   as_usd(event.get("usd")))
 
 
-def _usd(value: Any) -> float:
+def as_usd(value: Any) -> float:
+    """A stored dollar amount; 0 where none (absent, or not a number)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
@@ -111,6 +112,11 @@ class JournalTail:
     complete: bool = True
     """False when the backward scan reached the session's start with fewer open requests than
     the counts say (a line that is not JSON, or events written by hand)."""
+
+    @property
+    def open_usd(self) -> float:
+        """The open requests' worst-case cost, as reserved when they were sent."""
+        return sum(r.usd for r in self.open)
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
@@ -222,7 +228,7 @@ def _replay(checkpoint: dict[str, Any], raw: bytes, out: JournalTail) -> None:
     open_: dict[str, list[OpenRequest]] = {}
     for req in checkpoint.get("open") or []:
         if isinstance(req, list) and len(req) in (4, 5) and isinstance(req[0], str):
-            open_.setdefault(req[0], []).append(OpenRequest(*req[:4], *map(_usd, req[4:])))
+            open_.setdefault(req[0], []).append(OpenRequest(*req[:4], *map(as_usd, req[4:])))
     for line in raw.splitlines():
         event = _parse(line)
         if event is None or not isinstance(event.get("id"), str):

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from draftgen.store.appender import StoreError
+from draftgen.store.journal import as_usd
 
 _PACKAGES = ("draftgen", "aiohttp", "tokenizers", "orjson", "pydantic", "pyarrow", "transformers")
 
@@ -71,15 +72,11 @@ def start_session(path: Path, config: dict[str, Any], tokenizer: dict[str, Any])
 
 
 def end_session(path: Path, index: int, outcome: str, summary: dict[str, Any]) -> None:
-    data = read_run_json(path)
-    sessions = data.get("sessions") or []
-    if index < len(sessions):
-        sessions[index].update(stopped_at=time.time(), outcome=outcome, summary=summary)
-        write_atomic(path, data)
+    record_session(path, index, stopped_at=time.time(), outcome=outcome, summary=summary)
 
 
 def record_session(path: Path, index: int, **fields: Any) -> None:
-    """Add fields to session `index` (one that ended without saying so: a killed one)."""
+    """Add fields to session `index` (at its end, or, for a killed one, at the next start)."""
     data = read_run_json(path)
     sessions = data.get("sessions") or []
     if index < len(sessions):
@@ -94,11 +91,8 @@ def session_unsettled_usd(session: Any) -> float:
     if not isinstance(session, dict):
         return 0.0
     summary = session.get("summary")
-    for value in (session.get("unsettled_usd"),
-                  summary.get("unsettled_usd") if isinstance(summary, dict) else None):
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    return 0.0
+    return as_usd(session.get("unsettled_usd")) or as_usd(
+        summary.get("unsettled_usd") if isinstance(summary, dict) else None)
 
 
 def record_datasets(path: Path, datasets: dict[str, dict[str, Any]]) -> None:
