@@ -20,6 +20,15 @@ from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 if TYPE_CHECKING:
     from draftgen.tokenize import Tokenizer
 
+ENGINE_IDLE_CLOSE_S = 5.0
+"""How long the local engines keep an idle connection open: llama.cpp's server (cpp-httplib)
+and uvicorn (vLLM, SGLang) both close it after 5 s."""
+IDLE_REUSE_S = 3.0
+"""A pooled connection idle longer than this is closed, not reused. Reusing one the server is
+closing at that moment fails with "Can not write request body" or a disconnect, so the cap is
+kept under ENGINE_IDLE_CLOSE_S with room for event-loop lag. A busy run never idles that long;
+a hosted API pays at most one new handshake after a pause."""
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
@@ -54,7 +63,7 @@ class Backend(ABC):
             limit=self.concurrency + 16,
             limit_per_host=0,
             ttl_dns_cache=300,
-            keepalive_timeout=60,
+            keepalive_timeout=IDLE_REUSE_S,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
