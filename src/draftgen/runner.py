@@ -45,6 +45,7 @@ from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
 from draftgen.store import RunLayout, RunLock, Store, StoreError, scan_dataset
 from draftgen.store.journal import read_journal
+from draftgen.store.rescue import Rescued, read_rescued, write_rescue
 from draftgen.store.resume import (
     DatasetOnDisk,
     DoneIds,
@@ -166,6 +167,10 @@ class Runner:
         self._budget_stop: str | None = None
         self._unsettled_usd = 0.0
         """Worst cases of this session's paid requests that ended with no known bill."""
+        self._parked: list[dict[str, Any]] = []
+        """Answers the run folder would not take (write failed): written to a rescue file
+        when the session ends (store.rescue)."""
+        self._rescue_file: Path | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._rebuild = OffLoopBatcher(
             self._rebuild_batch, max_batch=128,
@@ -182,12 +187,18 @@ class Runner:
         limits = {d.name: d for d in self.cfg.datasets}
         self.elsewhere = elsewhere = [read_elsewhere(f) for f in self._other_run_folders()]
         done_here: dict[str, DoneIds] = {}
+        rescued = read_rescued(self.store.layout)
         for ds in self.plan.datasets:
             ds.prompts.save_cache()
             _warn_bad_rows(ds)
             on_disk, _ = scan_dataset(self.store.layout, ds.name)
+            theirs = done_elsewhere(elsewhere, ds.name) if elsewhere else None
+            records = rescued.records.pop(ds.name, [])
+            if records and self._add_rescued(ds.name, records,
+                                             on_disk.done | theirs if theirs else on_disk.done):
+                on_disk, _ = scan_dataset(self.store.layout, ds.name)
             done_here[ds.name] = on_disk.done
-            done = on_disk.done | done_elsewhere(elsewhere, ds.name) if elsewhere else on_disk.done
+            done = on_disk.done | theirs if theirs else on_disk.done
             counters = DatasetCounters(total=len(ds.prompts))
             counters.output_tokens_before = on_disk.output_tokens
             queue = self._queue_of(ds.prompts, done, on_disk, counters)
@@ -204,6 +215,29 @@ class Runner:
         if elsewhere and self.lease is None:
             self._count_spend_elsewhere(elsewhere)
         self.ledger.add_spent(self._unsettled_before(done_here))
+        self._drop_rescue_files(rescued, {ds.name for ds in self.plan.datasets})
+
+    def _add_rescued(self, dataset: str, records: list[dict[str, Any]], done: DoneIds) -> int:
+        """Append answers an earlier session could not write (store.rescue), less any the run
+        already has; how many were added."""
+        new = list({r["id"]: r for r in records if r["id"] not in done}.values())
+        for record in new:
+            self.store.append_record(dataset, record)
+        if new:
+            self.store.sync()
+            log.warning("%s: %d answers an earlier session could not write were added from "
+                        "its rescue file", dataset, len(new))
+        return len(new)
+
+    def _drop_rescue_files(self, rescued: Rescued, added: set[str]) -> None:
+        """Delete each rescue file whose records are all in the run now; keep one that holds
+        answers of a dataset this config does not have."""
+        for path, datasets in rescued.datasets_of.items():
+            if datasets <= added:
+                path.unlink(missing_ok=True)
+            else:
+                log.warning("%s holds answers of datasets not in this config (%s): kept until "
+                            "a run with them adds them", path, ", ".join(sorted(datasets - added)))
 
     def _unsettled_before(self, done: dict[str, DoneIds]) -> float:
         """What earlier sessions' paid requests may have been billed without an answer on disk
@@ -331,6 +365,9 @@ class Runner:
             with tuned_gc():
                 outcome = await self._run_backends()
         finally:
+            if self._parked:
+                outcome.message = "; ".join(filter(None, [outcome.message,
+                                                          self._write_parked()]))
             try:
                 if self.lease:
                     await self.lease.release()
@@ -611,6 +648,8 @@ class Runner:
         counters = self.counters.datasets[prompt.dataset]
         started = time.monotonic()
         settled = False
+        record: dict[str, Any] | None = None
+        written = False
         try:
             self._journal("sent", prompt, backend=backend.name, max_tokens=max_tokens,
                           **({"usd": round(reservation.usd, 9)} if reservation.usd else {}))
@@ -623,6 +662,7 @@ class Runner:
             record = make_record(prompt, input_ids, raw, rebuilt, backend, cost,
                                  time.monotonic() - started, retries)
             self.store.append_record(prompt.dataset, record)
+            written = True
             self.ledger.settle(reservation, len(rebuilt.output_ids), cost)
             settled = True
             self._journal("ok", prompt)
@@ -639,6 +679,11 @@ class Runner:
                 log.error("%s; stopping dispatch, everything written so far is kept", e)
             self._fatal = self._fatal or str(e)
             self._stopping = True
+            if record is not None and not written:  # paid for: kept for a rescue file
+                self._parked.append(record)
+                self.ledger.settle(reservation, len(record["output_ids"]), record["cost_usd"])
+                settled = True
+                counters.cost += record["cost_usd"]
         except asyncio.CancelledError:
             self._journal_quietly("dropped", prompt, reason="aborted")
             raise
@@ -757,13 +802,29 @@ class Runner:
             }
         return out
 
+    def _write_parked(self) -> str:
+        """Write the answers the run folder would not take to a rescue file; what became of
+        them, for the run's closing message."""
+        name = f"session-{self.session}-{time.strftime('%Y%m%dT%H%M%S')}"
+        path, errors = write_rescue(self.store.layout, self._parked, name)
+        for error in errors:
+            log.warning("rescue file not written in %s", error)
+        if path is None:
+            return (f"{len(self._parked)} answers in flight could not be written anywhere "
+                    "and are lost (their cost is counted as spent)")
+        self._rescue_file = path
+        return (f"{len(self._parked)} answers in flight kept in {path}; the next run of this "
+                "config adds them")
+
     def _summary(self) -> dict[str, Any]:
         t = self.counters.total()
         return {"done_now": t.done, "failed_now": t.failed, "done_total": t.done_before + t.done,
                 "skipped_budget": t.skipped, "total": t.total,
                 "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
                 "cost_usd_total": round(t.cost + t.cost_before, 6),
-                "unsettled_usd": round(self._unsettled_usd, 6)}
+                "unsettled_usd": round(self._unsettled_usd, 6),
+                **({"rescued": len(self._parked), "rescue_file": str(self._rescue_file)}
+                   if self._parked else {})}
 
 
 def _warn_bad_rows(ds: DatasetPlan, shown: int = 10) -> None:

@@ -21,11 +21,13 @@ import numpy as np
 import orjson
 
 from draftgen.scale.shards import RunPart, ShardSpec, is_sharded, run_parts
+from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash, str_code, union_of_sorted
 from draftgen.store.fast_index import IndexColumns, load_index_columns, torn_tail_bytes
 from draftgen.store.journal import JournalTail, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
+from draftgen.store.rescue import Rescued, read_rescued
 from draftgen.store.runinfo import read_run_json, session_unsettled_usd
 
 WINDOW_S = 300.0
@@ -188,6 +190,10 @@ class RunStatus:
     unsettled_usd: float = 0.0
     """Earlier sessions' paid requests that ended without a known bill (aborted, or in flight
     at a kill), at their worst case, as run.json records them: counted as spent on resume."""
+    rescued: int = 0
+    """Answers a session could not write to the run folder, waiting in rescue files
+    (store.rescue) for the next run to add them."""
+    rescue_files: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -205,6 +211,8 @@ class RunStatus:
             "in_flight_ids": [r.id for r in self.journal.open][:100],
             "in_flight_worst_usd": round(self.journal.open_usd, 6),
             "unsettled_usd": round(self.unsettled_usd, 6),
+            "rescued": self.rescued,
+            "rescue_files": self.rescue_files,
             "notes": self.notes,
         }
         if self.shards:
@@ -569,7 +577,8 @@ def _folder_status(f: _Folder, answered: dict[str, np.ndarray], now: float) -> R
         last_activity = _max(last_activity, _max(d.last_t, last_failure))
     journal = read_journal(f.layout.journal, f.journal_size)
     last_activity = _max(last_activity, journal.last_t)
-    _in_flight(journal, f.datasets, answered, failed_at)
+    rescued, rescue_problem = _read_rescued(f.layout)
+    _in_flight(journal, f.datasets, answered, failed_at, rescued.records)
     first_activity = min((d.first_t for d in f.datasets.values() if d.first_t is not None),
                          default=None)
     sessions = _sessions(f.run_json)
@@ -585,9 +594,18 @@ def _folder_status(f: _Folder, answered: dict[str, np.ndarray], now: float) -> R
         last_outcome=sessions[-1].get("outcome") if sessions else None,
         datasets=f.datasets, total=total, journal=journal,
         unsettled_usd=sum(map(session_unsettled_usd, sessions)),
+        rescued=len(rescued), rescue_files=[str(p) for p in rescued.files],
     )
-    status.notes = _notes(status, journal)
+    status.notes = [*_notes(status, journal), *rescue_problem]
     return status
+
+
+def _read_rescued(layout: RunLayout) -> tuple[Rescued, list[str]]:
+    """The folder's rescue files, or none and why they could not be read."""
+    try:
+        return read_rescued(layout), []
+    except StoreError as e:
+        return Rescued(), [f"a rescue file cannot be read: {e}"]
 
 
 def collect_status(root: Path, now: float | None = None) -> RunStatus:
@@ -720,18 +738,24 @@ def _sharded_status(root: Path, parts: list[RunPart], now: float | None) -> RunS
         shards=[ShardStatus(p, _shard_state(st), st) for p, st in zip(parts, statuses,
                                                                         strict=True)],
         unsettled_usd=sum(st.unsettled_usd for st in statuses),
+        rescued=sum(st.rescued for st in statuses),
+        rescue_files=[p for st in statuses for p in st.rescue_files],
     )
     status.notes = _sharded_notes(status, repeats)
     return status
 
 
 def _in_flight(journal: JournalTail, datasets: dict[str, DatasetStatus],
-               done_ids: dict[str, np.ndarray], failed_at: dict[str, dict[str, float]]) -> None:
+               done_ids: dict[str, np.ndarray], failed_at: dict[str, dict[str, float]],
+               rescued: dict[str, list[dict[str, Any]]]) -> None:
     """Requests sent and never ended, less those whose answer or failure is on disk (a kill
-    between writing it and journaling it)."""
+    between writing it and journaling it) or in a rescue file."""
+    rescued_ids = {(ds, r["id"]) for ds, records in rescued.items() for r in records}
     still_open = []
     for req in journal.open:
         ds = req.dataset or ""
+        if (ds, req.id) in rescued_ids:
+            continue
         done = done_ids.get(ds)
         if done is not None and contains(done, np.array([id_hash(req.id)], dtype=np.uint64))[0]:
             continue
@@ -745,7 +769,7 @@ def _in_flight(journal: JournalTail, datasets: dict[str, DatasetStatus],
 
 def _notes(st: RunStatus, journal: JournalTail) -> list[str]:
     return [*_totals_note(st), *_folder_notes(st, journal), *_stop_note(st),
-            *_unsettled_note(st)]
+            *_rescue_note(st), *_unsettled_note(st)]
 
 
 def _totals_note(st: RunStatus) -> list[str]:
@@ -793,6 +817,14 @@ def _stop_note(st: RunStatus) -> list[str]:
     return []
 
 
+def _rescue_note(st: RunStatus) -> list[str]:
+    if not st.rescued:
+        return []
+    return [f"{st.rescued:,} answers a session could not write to the run folder are kept in "
+            f"{', '.join(st.rescue_files)}: paid for, not in the counts above; the next run "
+            "adds them"]
+
+
 def _unsettled_note(st: RunStatus) -> list[str]:
     if not st.unsettled_usd:
         return []
@@ -816,7 +848,7 @@ def _sharded_notes(st: RunStatus, repeats: Counter[str]) -> list[str]:
         where = f"shard {shard.part.label} ({shard.part.folder})"
         own = shard.status
         notes.extend(f"{where}: {n}" for n in [*_folder_notes(own, own.journal),
-                                               *_stop_note(own)])
+                                               *_stop_note(own), *_rescue_note(own)])
     notes.extend(f"{name}: {n:,} prompts answered in two shard folders (a re-sharded run): "
                  "counted once; export keeps the first" for name, n in repeats.items() if n)
     return [*notes, *_unsettled_note(st)]

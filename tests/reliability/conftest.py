@@ -29,8 +29,8 @@ class Case:
     test: str = ""
     runs: int = 0
     lost: int = 0
-    """Answers written before a kill/fault that are gone afterwards, or prompts neither
-    answered nor recorded as failed."""
+    """Answers written before a kill/fault that are gone afterwards, prompts neither
+    answered nor recorded as failed, or answers received and not kept (asked for again)."""
     duplicated: int = 0
     """Answers recorded twice for one prompt."""
     corrupt: int = 0

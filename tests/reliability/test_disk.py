@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from draftgen.status import collect_status
 from draftgen.testing.server import TestServer
 from tests.e2e_helpers import fast_backend, write_config
 from tests.reliability.helpers import (
@@ -36,6 +37,20 @@ from tests.reliability.helpers import (
 
 SCENARIO = "4. Disk trouble"
 N = 1500
+
+
+@pytest.fixture(autouse=True)
+def _rescue_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rescue files that cannot go in the run folder go here, not in the system's /tmp."""
+    monkeypatch.setenv("DRAFTGEN_RESCUE_DIR", str(tmp_path / "rescue"))
+
+
+def _rescued(case, run_dir: Path, sent: int, kept: set[str]) -> int:
+    """Answers kept in rescue files at the stop, noted with the requests sent."""
+    status = collect_status(run_dir)
+    case.note(f"{sent:,} requests sent: {len(kept):,} answers written, {status.rescued:,} "
+              f"kept in a rescue file ({', '.join(status.rescue_files) or 'none'})")
+    return status.rescued
 
 
 def _mount(cmd: list[str]) -> bool:
@@ -90,16 +105,21 @@ def _check_stop(case, proc_rc: int, out: str, run_dir: Path, what: str) -> set[s
     return check.ids("d")
 
 
-def _resume_and_check(case, cfg: Path, run_dir: Path, kept: set[str]) -> None:
+def _resume_and_check(case, cfg: Path, run_dir: Path, kept: set[str],
+                      server: TestServer) -> None:
+    """Resumed: every prompt answered once, and none paid for twice (an answer in flight at
+    the failure is added from its rescue file, not asked for again)."""
     proc = draftgen("run", str(cfg), "--no-live", *no_probe(), timeout=180)
     check = check_folder(run_dir)
     ids = check.ids("d")
-    case.lost += len(kept - ids) + (N - len(ids))
+    paid_twice = sum(n - 1 for n in server.stats["per_prompt"].values())
+    case.lost += len(kept - ids) + (N - len(ids)) + paid_twice
     case.duplicated += check.duplicated
     case.corrupt += len(check.corrupt)
     case.crashed += proc.returncode != 0
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert kept <= ids and len(ids) == N and not check.duplicated and not check.corrupt
+    assert paid_twice == 0, f"{paid_twice} answers paid for, lost, and asked for again"
 
 
 @pytest.mark.slow
@@ -114,6 +134,7 @@ def test_disk_full_mid_run_tmpfs(tmp_path: Path, qwen3_dir: Path, reliability) -
         case.note(f"stopped after {wall:.0f}s with {len(kept):,} answers kept, exit "
                   f"{proc.returncode}: `{_last_error(proc.stderr)}`")
         assert 0 < len(kept) < N
+        _rescued(case, run_dir, _model_calls(server), kept)
         sent = sum(server.stats["requests"].values())
         again = draftgen("run", str(cfg), "--no-live", *no_probe(), timeout=120)
         sent = sum(server.stats["requests"].values()) - sent
@@ -122,7 +143,7 @@ def test_disk_full_mid_run_tmpfs(tmp_path: Path, qwen3_dir: Path, reliability) -
         case.note(f"a run started while the disk is still full: exit {again.returncode}, "
                   f"{sent} requests sent: `{_last_error(again.stderr)}`")
         assert _mount(["mount", "-o", "remount,size=64m", str(disk)])
-        _resume_and_check(case, cfg, run_dir, kept)
+        _resume_and_check(case, cfg, run_dir, kept, server)
     case.note(f"resumed once the disk was 64 MB: all {N:,} answered exactly once")
 
 
@@ -146,7 +167,7 @@ def test_disk_nearly_full_stops_sending_and_loses_no_answer(tmp_path: Path, qwen
         assert _model_calls(server) == sent, "a run on a nearly full disk sent requests"
         assert check_folder(run_dir).ids("d") == kept
         assert _mount(["mount", "-o", "remount,size=64m", str(disk)])
-        _resume_and_check(case, cfg, run_dir, kept)
+        _resume_and_check(case, cfg, run_dir, kept, server)
     case.note(f"a second run refused before sending; resumed once the disk was 64 MB: all "
               f"{N:,} answered exactly once")
 
@@ -170,7 +191,8 @@ def test_disk_full_mid_run_rlimit(tmp_path: Path, qwen3_dir: Path, reliability) 
         case.note(f"exit {proc.returncode} with {len(kept):,} answers kept: "
                   f"`{_last_error(proc.stderr)}`")
         assert 0 < len(kept) < N
-        _resume_and_check(case, cfg, run_dir, kept)
+        assert _rescued(case, run_dir, _model_calls(server), kept) > 0
+        _resume_and_check(case, cfg, run_dir, kept, server)
     case.note(f"resumed without the limit: all {N:,} answered exactly once")
 
 
@@ -204,6 +226,9 @@ def test_output_file_not_writable_mid_run(tmp_path: Path, qwen3_dir: Path, relia
                 case.note(f"exit {proc.returncode} with {len(kept):,} answers kept: "
                           f"`{_last_error(text)}`")
                 assert 0 < len(kept) < N
+                sent = _model_calls(server)
+                assert len(kept) + _rescued(case, run_dir, sent, kept) == sent, \
+                    "answers in flight at the failure were lost"
                 sent = sum(server.stats["requests"].values())
                 again = draftgen("run", str(cfg), "--no-live", *no_probe(), timeout=120)
                 sent = sum(server.stats["requests"].values()) - sent
@@ -216,7 +241,7 @@ def test_output_file_not_writable_mid_run(tmp_path: Path, qwen3_dir: Path, relia
         finally:
             proc.kill()
             proc.wait()
-        _resume_and_check(case, cfg, run_dir, kept)
+        _resume_and_check(case, cfg, run_dir, kept, server)
     case.note(f"resumed once writable: all {N:,} answered exactly once")
 
 
