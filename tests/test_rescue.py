@@ -4,12 +4,15 @@ The kernel errors themselves (EPERM, EFBIG, ENOSPC) are in tests/reliability/tes
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from draftgen.export.source import open_run
+from draftgen.runner import Outcome
 from draftgen.status import collect_status
 from draftgen.store import RunLayout, Store, StoreError
 from draftgen.store.rescue import RESCUE, outside_folder, read_rescued, write_rescue
@@ -53,19 +56,27 @@ def _failing_writes(monkeypatch: pytest.MonkeyPatch, after: int) -> None:
     monkeypatch.setattr(Store, "append_record", append_record)
 
 
+def _run_failing(cfg: Path, run_dir: Path, monkeypatch: pytest.MonkeyPatch
+                 ) -> tuple[Outcome, list[dict[str, Any]]]:
+    """A run whose answer writes fail after WRITES_BEFORE_FAILING: its outcome and answers."""
+    with monkeypatch.context() as patch:
+        _failing_writes(patch, WRITES_BEFORE_FAILING)
+        outcome = run_config(cfg)
+    assert outcome.status == "failed"
+    assert "Disk quota exceeded" in outcome.message
+    kept = read_records(run_dir, "d")
+    assert len(kept) == WRITES_BEFORE_FAILING
+    return outcome, kept
+
+
 def test_answers_in_flight_at_a_write_failure_are_rescued_then_added(
-        tmp_path: Path, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     run_dir = tmp_path / "run"
     with TestServer(mode="openrouter", latency_s=0.05, reasoning_tokens=(3, 8),
                     content_tokens=(3, 8)) as server:
         cfg = _config(tmp_path, qwen3_dir, server.url)
-        with monkeypatch.context() as patch:
-            _failing_writes(patch, WRITES_BEFORE_FAILING)
-            outcome = run_config(cfg)
-        assert outcome.status == "failed"
-        assert "Disk quota exceeded" in outcome.message
-        kept = read_records(run_dir, "d")
-        assert len(kept) == WRITES_BEFORE_FAILING
+        outcome, kept = _run_failing(cfg, run_dir, monkeypatch)
         sent_first = dict(server.stats["per_prompt"])
         rescued = read_rescued(RunLayout(run_dir))
         parked = rescued.records["d"]
@@ -82,6 +93,9 @@ def test_answers_in_flight_at_a_write_failure_are_rescued_then_added(
         assert status.rescued == len(parked) and status.total.in_flight == 0
         assert any("the next run adds them" in note for note in status.notes)
         assert status.as_json()["rescue_files"] == [str(rescued.files[0])]
+        with caplog.at_level(logging.WARNING):
+            open_run(run_dir)
+        assert f"{len(parked)} answers wait in rescue files" in caplog.text
 
         assert run_config(cfg).status == "completed"
         assert all(n == 1 for n in server.stats["per_prompt"].values()), \
@@ -137,3 +151,23 @@ def test_rescued_answers_already_in_the_run_are_not_added_twice(
         assert [p.name for p in read_rescued(layout).files] == [other.name], \
             "a file naming a dataset not in the config must be kept, the others removed"
         assert sum(server.stats["per_prompt"].values()) == N
+
+
+def test_answers_no_disk_takes_count_as_spent_in_later_sessions(
+        tmp_path: Path, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / RESCUE).write_text("a file where the folder should be")
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("DRAFTGEN_RESCUE_DIR", str(blocker))
+    with TestServer(mode="openrouter", latency_s=0.05, reasoning_tokens=(3, 8),
+                    content_tokens=(3, 8)) as server:
+        outcome, kept = _run_failing(_config(tmp_path, qwen3_dir, server.url), run_dir,
+                                     monkeypatch)
+    assert "could not be written anywhere" in outcome.message
+    summary = orjson.loads((run_dir / "run.json").read_bytes())["sessions"][0]["summary"]
+    lost_usd = summary["cost_usd_now"] - sum(r["cost_usd"] for r in kept)
+    assert lost_usd > 0
+    assert summary["unsettled_usd"] == pytest.approx(lost_usd, abs=1e-5)
+    assert collect_status(run_dir).unsettled_usd == pytest.approx(lost_usd, abs=1e-5)

@@ -166,7 +166,8 @@ class Runner:
         self._fatal: str | None = None
         self._budget_stop: str | None = None
         self._unsettled_usd = 0.0
-        """Worst cases of this session's paid requests that ended with no known bill."""
+        """What this session's paid requests with no answer on disk may have cost: the worst
+        case of those that ended with no known bill, the bill of answers no disk would take."""
         self._parked: list[dict[str, Any]] = []
         """Answers the run folder would not take (write failed): written to a rescue file
         when the session ends (store.rescue)."""
@@ -809,9 +810,10 @@ class Runner:
         path, errors = write_rescue(self.store.layout, self._parked, name)
         for error in errors:
             log.warning("rescue file not written in %s", error)
-        if path is None:
+        if path is None:  # paid for and on no disk: later sessions must still count them
+            self._unsettled_usd += sum(r["cost_usd"] for r in self._parked)
             return (f"{len(self._parked)} answers in flight could not be written anywhere "
-                    "and are lost (their cost is counted as spent)")
+                    "and are lost (their cost counts as spent in later sessions too)")
         self._rescue_file = path
         return (f"{len(self._parked)} answers in flight kept in {path}; the next run of this "
                 "config adds them")

@@ -24,6 +24,7 @@ from draftgen.scale.shards import RunPart, is_sharded, live_parts, run_parts, se
 from draftgen.store.columns import id_hash
 from draftgen.store.fast_index import load_index_columns
 from draftgen.store.layout import FAILURES, RESPONSES, RunLayout
+from draftgen.store.rescue import count_rescued
 from draftgen.store.runinfo import read_run_json
 from draftgen.tokenize import Tokenizer, TokenizerError, load_tokenizer
 
@@ -172,9 +173,20 @@ def open_run(root: Path) -> RunSource:
                 if path.is_file():
                     into.setdefault(name, []).append(Snapshot(path, path.stat().st_size))
     run_jsons = [_run_json(lay) for lay in layouts]
+    _warn_rescued(layouts)
     return RunSource(root, next((r for r in run_jsons if r), {}), responses, failures,
                      live=bool(live_parts(parts)), parts=parts,
                      sessions=_sessions(parts, run_jsons))
+
+
+def _warn_rescued(layouts: list[RunLayout]) -> None:
+    """Answers waiting in rescue files are not exported until a run adds them."""
+    for layout in layouts:
+        waiting = count_rescued(layout)
+        if waiting:
+            log.warning("%s: %d answers wait in rescue files (a write failed) and are not "
+                        "exported; `draftgen run` with the run's config adds them",
+                        layout.root, waiting)
 
 
 def _run_json(layout: RunLayout) -> dict[str, Any]:
