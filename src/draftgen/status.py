@@ -188,8 +188,9 @@ class RunStatus:
     shards: list[ShardStatus] = field(default_factory=list)
     """A sharded run's folders, each by its own numbers (empty for a run without shards)."""
     unsettled_usd: float = 0.0
-    """Earlier sessions' paid requests that ended without a known bill (aborted, or in flight
-    at a kill), at their worst case, as run.json records them: counted as spent on resume."""
+    """Earlier sessions' paid requests with no answer on disk (aborted, or in flight at a
+    kill: their worst case; answers no disk would take: their bill), as run.json records
+    them: counted as spent on resume."""
     rescued: int = 0
     """Answers a session could not write to the run folder, waiting in rescue files
     (store.rescue) for the next run to add them."""
@@ -828,9 +829,9 @@ def _rescue_note(st: RunStatus) -> list[str]:
 def _unsettled_note(st: RunStatus) -> list[str]:
     if not st.unsettled_usd:
         return []
-    return [f"earlier sessions' paid requests without a known bill (aborted, or in flight at a "
-            f"kill): at most ${st.unsettled_usd:,.4f} at their worst case, not in the $ above; "
-            "counted as spent against budget.usd"]
+    return [f"earlier sessions' paid requests with no answer on disk (aborted, in flight at a "
+            f"kill, or answers no disk would take): at most ${st.unsettled_usd:,.4f}, not in "
+            "the $ above; counted as spent against budget.usd"]
 
 
 def _missing_shards(parts: list[RunPart]) -> list[str]:

@@ -85,9 +85,9 @@ def record_session(path: Path, index: int, **fields: Any) -> None:
 
 
 def session_unsettled_usd(session: Any) -> float:
-    """A session's paid requests that ended without a known bill, at their worst case:
-    recorded at its end (`summary.unsettled_usd`: aborted requests), or by the next session's
-    start for a killed one (`unsettled_usd`)."""
+    """What a session's paid requests with no answer on disk may have cost: recorded at its
+    end (`summary.unsettled_usd`: aborted requests at their worst case, answers no disk would
+    take at their bill), or by the next session's start for a killed one (`unsettled_usd`)."""
     if not isinstance(session, dict):
         return 0.0
     summary = session.get("summary")
