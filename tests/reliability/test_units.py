@@ -28,7 +28,7 @@ def test_the_journal_never_glues_a_line_onto_a_torn_one(tmp_path: Path) -> None:
 
 def test_run_json_that_cannot_be_written_is_a_store_error(tmp_path: Path) -> None:
     target = tmp_path / "run.json"
-    target.with_suffix(".json.tmp").mkdir()  # the temp file cannot be created
+    target.with_name("run.json.partial").mkdir()  # the file beside cannot be created
     with pytest.raises(StoreError, match=r"run\.json: cannot write"):
         write_atomic(target, {"a": 1})
     assert not target.exists()

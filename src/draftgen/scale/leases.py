@@ -53,6 +53,7 @@ from draftgen.budget import Ledger
 from draftgen.config import RunConfig
 from draftgen.scale.shards import ShardSpec, shard_of_folder
 from draftgen.store import StoreError
+from draftgen.store.atomic import replace_file
 from draftgen.store.resume import StoredElsewhere
 
 log = logging.getLogger("draftgen")
@@ -261,13 +262,8 @@ class FilePool(BudgetPool):
                             ) from None
 
     def _write(self, state: PoolState) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(state.model_dump_json(indent=1).encode())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            replace_file(self.path, state.model_dump_json(indent=1).encode(), durable=True)
         except OSError as e:
             raise PoolError(f"{self.path}: cannot write the budget pool: {e.strerror}") from None
 

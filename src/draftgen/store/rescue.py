@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from draftgen.store.appender import StoreError
+from draftgen.store.atomic import replace_file
 from draftgen.store.layout import RunLayout
 
 RESCUE = ".rescue"
@@ -59,17 +60,7 @@ def write_rescue(layout: RunLayout, records: list[dict[str, Any]], name: str
 
 def _write_whole(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    try:
-        with open(partial, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            partial.unlink()
-        raise
+    replace_file(path, data, durable=True)
 
 
 @dataclass(slots=True)

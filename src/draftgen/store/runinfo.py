@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import socket
@@ -15,6 +14,7 @@ from typing import Any
 import orjson
 
 from draftgen.store.appender import StoreError
+from draftgen.store.atomic import replace_file
 from draftgen.store.journal import as_usd
 
 _PACKAGES = ("draftgen", "aiohttp", "tokenizers", "orjson", "pydantic", "pyarrow", "transformers")
@@ -41,13 +41,9 @@ def read_run_json(path: Path) -> dict[str, Any]:
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
     """Replace the file whole (a reader never sees half of it); a full or read-only disk is a
     StoreError, and the old file stays as it was."""
-    tmp = path.with_suffix(".json.tmp")
     try:
-        tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-        os.replace(tmp, path)
+        replace_file(path, orjson.dumps(data, option=orjson.OPT_INDENT_2))
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise StoreError(f"{path}: cannot write: {e.strerror}") from None
 
 
