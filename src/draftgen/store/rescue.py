@@ -51,16 +51,12 @@ def write_rescue(layout: RunLayout, records: list[dict[str, Any]], name: str
     for folder in rescue_folders(layout):
         path = folder / f"{name}{SUFFIX}"
         try:
-            _write_whole(path, data)
+            folder.mkdir(parents=True, exist_ok=True)
+            replace_file(path, data, durable=True)
             return path, errors
         except OSError as e:
             errors.append(f"{folder}: {e.strerror or e}")
     return None, errors
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(path, data, durable=True)
 
 
 @dataclass(slots=True)
