@@ -32,9 +32,10 @@ async def server() -> AsyncIterator[TestServer]:
         yield srv
 
 
-async def _ports(server: TestServer, pause_s: float) -> tuple[int, int, int]:
+async def _ports(server: TestServer, pause_s: float, type_: str = "openai"
+                 ) -> tuple[int, int, int]:
     backend = make_backend(
-        BackendConfig(name="b", type="openai", url=str(server.make_url(""))), MODEL, SAMPLING)
+        BackendConfig(name="b", type=type_, url=str(server.make_url(""))), MODEL, SAMPLING)
     await backend.start()
     try:
         url = str(server.make_url("/port"))
@@ -65,4 +66,13 @@ async def test_short_pause_keeps_the_connection(
 ) -> None:
     monkeypatch.setattr(base, "IDLE_REUSE_S", 2.0)
     first, _, third = await _ports(server, pause_s=0.2)
+    assert third == first
+
+
+async def test_hosted_api_keeps_idle_connections_longer(
+    server: TestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(base, "IDLE_REUSE_S", 0.3)
+    monkeypatch.setattr(base, "HOSTED_IDLE_REUSE_S", 5.0)
+    first, _, third = await _ports(server, pause_s=0.6, type_="openrouter")
     assert third == first

@@ -26,8 +26,10 @@ and uvicorn (vLLM, SGLang) both close it after 5 s."""
 IDLE_REUSE_S = 3.0
 """A pooled connection idle longer than this is closed, not reused. Reusing one the server is
 closing at that moment fails with "Can not write request body" or a disconnect, so the cap is
-kept under ENGINE_IDLE_CLOSE_S with room for event-loop lag. A busy run never idles that long;
-a hosted API pays at most one new handshake after a pause."""
+kept under ENGINE_IDLE_CLOSE_S with room for event-loop lag. A busy run never idles that long."""
+HOSTED_IDLE_REUSE_S = 60.0
+"""The same for OpenRouter, which keeps idle connections far longer: after each pause (a
+rate limit, the $/minute budget) thousands of TLS handshakes would cost CPU for nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +65,8 @@ class Backend(ABC):
             limit=self.concurrency + 16,
             limit_per_host=0,
             ttl_dns_cache=300,
-            keepalive_timeout=IDLE_REUSE_S,
+            keepalive_timeout=(HOSTED_IDLE_REUSE_S if self.cfg.type == "openrouter"
+                               else IDLE_REUSE_S),
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
