@@ -8,7 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -57,22 +60,46 @@ def test_open_requests_carry_their_worst_case_through_checkpoints(
     assert {r.id: r.usd for r in read_journal(older).open} == dict.fromkeys(expected, 0.0)
 
 
-def _config(tmp_path: Path, qwen3_dir: Path, url: str, usd: float) -> Path:
+def test_generation_ids_are_read_through_checkpoints_and_backwards(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("draftgen.store.journal.CHECKPOINT_EVERY", 5)
+    store = Store(tmp_path)
+    for i in range(120):  # every 25th left open; every 3rd gets two generation IDs (a retry)
+        event = {"id": f"p{i}", "dataset": "ds", "t": float(i), "session": 0}
+        store.journal({"ev": "sent", **event, "usd": 0.5})
+        for attempt in ("a", "b") if i % 3 == 0 else ():
+            store.journal({"ev": "gen", **event, "gen": f"gen-{i}-{attempt}"})
+        if i % 25:
+            store.journal({"ev": "ok", **event})
+    store.close()
+    expected = {f"p{i}": f"gen-{i}-b" if i % 3 == 0 else None for i in range(0, 120, 25)}
+    path = tmp_path / "journal.jsonl"
+    tail = read_journal(path)
+    assert tail.from_checkpoint and {r.id: r.gen for r in tail.open} == expected
+    plain = tmp_path / "plain.jsonl"  # no checkpoints: read backwards
+    plain.write_bytes(b"".join(x + b"\n" for x in path.read_bytes().splitlines()
+                               if b'"ev":"open"' not in x))
+    assert {r.id: r.gen for r in read_journal(plain).open} == expected
+
+
+def _config(tmp_path: Path, qwen3_dir: Path, url: str, usd: float, **backend: Any) -> Path:
     data = write_jsonl(tmp_path / "d.jsonl", prompt_rows(40))
     return write_config(tmp_path, qwen3_dir,
                         backends=[fast_backend("or", "openrouter", url, concurrency=IN_FLIGHT,
-                                               price=PRICE)],
+                                               price=PRICE, **backend)],
                         datasets=[{"name": "d", "path": str(data)}],
                         sampling={"max_tokens": 64}, budget={"usd": usd})
 
 
-def _stop_with_requests_in_flight(cfg: Path, server: TestServer, how: str) -> None:
-    """`kill -9` the run, or `draftgen stop --now` it, once IN_FLIGHT requests are in flight."""
+def _stop_with_requests_in_flight(cfg: Path, server: TestServer, how: str,
+                                  ready: Callable[[], bool] | None = None) -> None:
+    """`kill -9` the run, or `draftgen stop --now` it, once IN_FLIGHT requests are in flight
+    (and `ready()`)."""
     proc = subprocess.Popen([sys.executable, "-m", "draftgen", "run", str(cfg), "--no-live",
                              *no_probe()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while server.stats["in_flight"] < IN_FLIGHT:
+        while server.stats["in_flight"] < IN_FLIGHT or (ready is not None and not ready()):
             assert time.monotonic() < deadline, "the requests never got in flight"
             assert proc.poll() is None, "the run ended before the stop"
             time.sleep(0.02)
@@ -128,3 +155,41 @@ def test_requests_billed_unknown_count_against_the_budget_of_later_sessions(
     assert after.as_json()["unsettled_usd"] == pytest.approx(IN_FLIGHT * WORST)
     assert f"at most ${IN_FLIGHT * WORST:,.4f}, not in the $ above" in (
         " ".join(after.notes))
+
+
+def _billed(server: TestServer, generation: str) -> float:
+    """The test server's own record of what it billed (OpenRouter's `GET /generation`)."""
+    url = f"{server.url}/api/v1/generation?id={generation}"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return float(orjson.loads(resp.read())["data"]["total_cost"])
+
+
+@pytest.mark.slow
+def test_bills_of_requests_killed_in_flight_are_asked_of_openrouter(
+        tmp_path: Path, qwen3_dir: Path) -> None:
+    """A streamed answer's generation ID is journaled when its headers arrive; after a kill,
+    the next session asks OpenRouter what each cost instead of counting its worst case."""
+    run_dir = tmp_path / "run"
+    journal = run_dir / "journal.jsonl"
+    with TestServer(mode="openrouter", prices=(0.0, 1000.0), stream_interval_s=30.0,
+                    reasoning_tokens=(3, 5), content_tokens=(3, 5)) as server:
+        url = server.url + "/api/v1"
+        cfg = _config(tmp_path, qwen3_dir, url, usd=100.0, stream=True)
+        _stop_with_requests_in_flight(
+            cfg, server, "kill",
+            ready=lambda: journal.exists() and journal.read_bytes().count(b'"ev":"gen"')
+            >= IN_FLIGHT)
+        left = read_journal(journal).open
+        assert len(left) == IN_FLIGHT and all(r.gen for r in left), left
+        bills = sum(_billed(server, r.gen or "") for r in left)
+        assert 0 < bills < IN_FLIGHT * WORST * 0.7
+
+        # Less budget than their worst cases: sent nothing before; now they count as billed.
+        server.config.stream_interval_s = 0.0
+        sent_before = sum(server.stats["per_prompt"].values())
+        outcome = run_config(_config(tmp_path, qwen3_dir, url, usd=IN_FLIGHT * WORST * 0.9,
+                                     stream=True))
+        assert sum(server.stats["per_prompt"].values()) > sent_before, outcome.message
+    sessions = orjson.loads((run_dir / "run.json").read_bytes())["sessions"]
+    assert sessions[0]["unsettled_usd"] == pytest.approx(bills, abs=1e-6)
+    assert collect_status(run_dir).unsettled_usd == pytest.approx(bills, abs=1e-6)

@@ -24,6 +24,7 @@ import numpy as np
 
 from draftgen.audit.checks import routing_problems
 from draftgen.backends import Backend, BackendNotReady, make_backend
+from draftgen.backends.base import ON_GENERATION_ID
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
 from draftgen.budget import Admission, Ledger, Reservation
 from draftgen.config import ConfigError, Price, RunConfig
@@ -44,7 +45,7 @@ from draftgen.scale.leases import (
 from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
 from draftgen.store import RunLayout, RunLock, Store, StoreError, scan_dataset
-from draftgen.store.journal import read_journal
+from draftgen.store.journal import OpenRequest, read_journal
 from draftgen.store.rescue import Rescued, read_rescued, write_rescue
 from draftgen.store.resume import (
     DatasetOnDisk,
@@ -70,6 +71,9 @@ log = logging.getLogger("draftgen")
 RENDER_BATCH = 256
 BUDGET_PAUSE = "budget.usd: waiting for requests in flight to settle"
 SHARDS_PAUSE = "budget.usd: waiting for other shards to give budget back"
+ASK_BILLS_S = 20.0
+"""At most this long at start asking OpenRouter what a killed session's requests cost."""
+ASK_BILLS_IN_FLIGHT = 32
 
 
 @dataclass
@@ -172,6 +176,10 @@ class Runner:
         """Answers the run folder would not take (write failed): written to a rescue file
         when the session ends (store.rescue)."""
         self._rescue_file: Path | None = None
+        self._killed: tuple[int, list[OpenRequest]] | None = None
+        """The last session, when it was killed (`_killed_session`)."""
+        self._bills: dict[str, float] = {}
+        """What the endpoint billed for the killed session's requests, by generation ID."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._rebuild = OffLoopBatcher(
             self._rebuild_batch, max_batch=128,
@@ -240,26 +248,71 @@ class Runner:
                 log.warning("%s holds answers of datasets not in this config (%s): kept until "
                             "a run with them adds them", path, ", ".join(sorted(datasets - added)))
 
-    def _unsettled_before(self, done: dict[str, DoneIds]) -> float:
-        """What earlier sessions' paid requests may have been billed without an answer on disk
-        (aborted, or in flight at a kill), at their worst case: counted as spent, since their
-        bills are unknown. A killed session's share is read from the journal (its requests
-        sent and never ended, less those whose answer is on disk) and kept in run.json."""
-        path = self.store.layout.run_json
-        sessions = read_run_json(path).get("sessions") or []
+    def _killed_session(self) -> tuple[int, list[OpenRequest]] | None:
+        """The last session, when it was killed and its unknown bills are not yet recorded in
+        run.json: its index and the requests it left open (sent, never ended)."""
+        sessions = read_run_json(self.store.layout.run_json).get("sessions") or []
         tail = read_journal(self.store.layout.journal)
         killed = tail.session
         if killed is not None and killed < min(self.session, len(sessions)) \
                 and sessions[killed].get("outcome") is None \
                 and "unsettled_usd" not in sessions[killed]:
-            open_ = [r for r in tail.open if r.id not in done.get(r.dataset or "", DoneIds())]
-            usd = sum(r.usd for r in open_)
+            return killed, tail.open
+        return None
+
+    async def _ask_bills(self, left_open: list[OpenRequest]) -> dict[str, float]:
+        """What the endpoints billed for a killed session's paid requests, by generation ID,
+        where they were journaled with one and the backend can be asked (OpenRouter). Asked
+        once, for at most ASK_BILLS_S; a bill not known by then stays at its worst case."""
+        wanted = [r for r in left_open if r.gen and r.usd]
+        configs = {b.name: b for b in self.cfg.backends if b.type == "openrouter"}
+        named = {r.backend for r in wanted} & set(configs)
+        if not named:
+            return {}
+        backends = [make_backend(configs[n], self.cfg.model, self.cfg.sampling) for n in named]
+        by_name = {b.name: b for b in backends}
+        bills: dict[str, float] = {}
+        limit = asyncio.Semaphore(ASK_BILLS_IN_FLIGHT)
+
+        async def ask(req: OpenRequest) -> None:
+            async with limit:
+                assert req.gen is not None and req.backend is not None
+                billed = await by_name[req.backend].billed_usd(req.gen)
+            if billed is not None:
+                bills[req.gen] = billed
+
+        try:
+            for backend in backends:
+                await backend.start()
+            asks = [asyncio.ensure_future(ask(r)) for r in wanted if r.backend in by_name]
+            _, late = await asyncio.wait(asks, timeout=ASK_BILLS_S)
+            for task in late:
+                task.cancel()
+        finally:
+            for backend in backends:
+                await backend.close()
+        return bills
+
+    def _unsettled_before(self, done: dict[str, DoneIds]) -> float:
+        """What earlier sessions' paid requests may have been billed without an answer on disk
+        (aborted, or in flight at a kill): counted as spent. A killed session's share is read
+        from the journal (its requests sent and never ended, less those whose answer is on
+        disk), each at its bill where the endpoint told it (`_ask_bills`), else at its worst
+        case, and kept in run.json."""
+        path = self.store.layout.run_json
+        if self._killed is not None:
+            killed, left_open = self._killed
+            open_ = [r for r in left_open if r.id not in done.get(r.dataset or "", DoneIds())]
+            known = [self._bills[r.gen] for r in open_ if r.gen in self._bills]
+            usd = sum(self._bills.get(r.gen or "", r.usd) for r in open_)
             record_session(path, killed, unsettled_usd=round(usd, 6))
-            sessions[killed]["unsettled_usd"] = usd
             if usd:
                 log.warning("%d paid requests were in flight when session %d was killed: "
-                            "possibly billed, counted at their worst case ($%.4f) against "
-                            "budget.usd", sum(r.usd > 0 for r in open_), killed, usd)
+                            "%d billed $%.4f as the endpoint reports, the others possibly "
+                            "billed, counted at their worst case; $%.4f in all counted against "
+                            "budget.usd", sum(r.usd > 0 for r in open_), killed, len(known),
+                            sum(known), usd)
+        sessions = read_run_json(path).get("sessions") or []
         return sum(map(session_unsettled_usd, sessions[:self.session]))
 
     def _count_spend_elsewhere(self, elsewhere: list[StoredElsewhere]) -> None:
@@ -357,6 +410,9 @@ class Runner:
             })
             started = True
             try:
+                self._killed = self._killed_session()
+                if self._killed is not None:
+                    self._bills = await self._ask_bills(self._killed[1])
                 self._resume()
             except OSError as e:  # the resume scan repairs files: a read-only or full disk
                 raise StoreError(f"{self.root}: cannot prepare the run folder: {e}") from None
@@ -654,6 +710,9 @@ class Runner:
         try:
             self._journal("sent", prompt, backend=backend.name, max_tokens=max_tokens,
                           **({"usd": round(reservation.usd, 9)} if reservation.usd else {}))
+            if reservation.usd and backend.cfg.type == "openrouter":  # this task's own context
+                ON_GENERATION_ID.set(
+                    lambda generation: self._journal_quietly("gen", prompt, gen=generation))
             raw, retries = await send_with_retries(
                 backend, prompt, input_ids, max_tokens,
                 on_error=lambda e: self._slots.note_result(backend, failed=e.retryable))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import email.utils
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,21 @@ IDLE_REUSE_S = 3.0
 """A pooled connection idle longer than this is closed, not reused. Reusing one the server is
 closing at that moment fails with "Can not write request body" or a disconnect, so the cap is
 kept under ENGINE_IDLE_CLOSE_S with room for event-loop lag. A busy run never idles that long."""
+ON_GENERATION_ID: contextvars.ContextVar[Callable[[str], None] | None] = \
+    contextvars.ContextVar("draftgen_on_generation_id", default=None)
+"""Set by the runner around one paid request: called with the answer's generation ID
+(OpenRouter's `X-Generation-Id`) as soon as its headers arrive, before its body, so that a
+request killed in flight can later be looked up by it."""
+
+
+def note_generation_id(headers: Mapping[str, str]) -> None:
+    hook = ON_GENERATION_ID.get()
+    if hook is not None:
+        generation_id = headers.get("X-Generation-Id")
+        if generation_id:
+            hook(generation_id)
+
+
 HOSTED_IDLE_REUSE_S = 60.0
 """The same for OpenRouter, which keeps idle connections far longer: after each pause (a
 rate limit, the $/minute budget) thousands of TLS handshakes would cost CPU for nothing."""
@@ -105,6 +121,10 @@ class Backend(ABC):
         """The price the endpoint itself lists for the model, where it has such a listing."""
         return None
 
+    async def billed_usd(self, generation_id: str) -> float | None:
+        """What the endpoint billed for one generation, where it can be asked (OpenRouter)."""
+        return None
+
     @abstractmethod
     async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
         """Send one prompt. `input_ids` is the prompt rendered by the run's model format."""
@@ -122,6 +142,7 @@ class Backend(ABC):
         try:
             async with self.session.post(url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
+                note_generation_id(resp.headers)
                 raw = await resp.read()
                 if resp.status != 200:
                     raise error_from_http(resp.status, raw, resp.headers)

@@ -30,6 +30,7 @@ from draftgen.backends.base import (
     Capabilities,
     error_from_body,
     error_from_http,
+    note_generation_id,
     parse_json_body,
     parse_usage,
     transport_error,
@@ -62,6 +63,22 @@ class OpenAIChatBackend(Backend):
     def use_vocabulary(self, tokenizer: Tokenizer) -> None:
         if self.cfg.logprobs:
             self._spellings = TokenSpellings(tokenizer)
+
+    async def billed_usd(self, generation_id: str) -> float | None:
+        """What OpenRouter billed for a generation (`GET /generation?id=`: `total_cost`);
+        None where it does not say (no such record yet, another API, a failure)."""
+        if self.cfg.type != "openrouter":
+            return None
+        url = self.url.rsplit("/chat/completions", 1)[0] + "/generation"
+        try:
+            async with self.session.get(url, params={"id": generation_id}) as resp:
+                if resp.status != 200:
+                    return None
+                data = orjson.loads(await resp.read()).get("data")
+        except Exception:  # unknown stays unknown: the caller keeps the worst case
+            return None
+        cost = data.get("total_cost") if isinstance(data, dict) else None
+        return float(cost) if isinstance(cost, int | float) and cost >= 0 else None
 
     async def listed_price(self) -> Price | None:
         """OpenRouter's /models listing: `pricing.prompt` / `pricing.completion` in USD per
@@ -122,6 +139,7 @@ class OpenAIChatBackend(Backend):
                                          headers={"Content-Type": "application/json"}) as resp:
                 if resp.status != 200:
                     raise error_from_http(resp.status, await resp.read(), resp.headers)
+                note_generation_id(resp.headers)
                 if resp.content_type == "application/json":
                     # Not a stream: an error body sent with 200, or a server that ignores
                     # "stream": read it as the JSON answer it is.

@@ -6,7 +6,8 @@ A long run journals two lines per answer, so readers must not parse it whole. Th
 (`Store.journal`, through `OpenTracker`) therefore adds now and then a line listing the requests
 open at that point::
 
-    {"ev": "open", "session": S, "t": T, "open": [[ID, DATASET, SENT_AT, BACKEND, USD], ...]}
+    {"ev": "open", "session": S, "t": T,
+     "open": [[ID, DATASET, SENT_AT, BACKEND, USD, GENERATION_ID], ...]}
 
 (every `CHECKPOINT_EVERY` events, or more rarely when many requests are open, so that these
 lines stay a few per cent of the journal). A reader takes the last such line of the last session
@@ -18,7 +19,10 @@ until that many are found.
 
 A paid request's `sent` line carries `usd`, its worst-case cost as reserved by the budget: what
 a request in flight at a kill may have been billed (`unsettled_usd`). Older journals lack it
-(and checkpoint entries have four fields): read as 0.
+(and checkpoint entries have four fields): read as 0. A paid OpenRouter request also gets a
+`gen` line with its generation ID once the answer's headers arrive (`"gen": "gen-..."`), by
+which the next session asks OpenRouter what it was billed (checkpoint entries: a sixth field,
+absent or null until known).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any, BinaryIO
 import orjson
 
 ENDED = ("ok", "failed", "dropped")
+GENERATION = "gen"
 CHECKPOINT = "open"
 CHECKPOINT_EVERY = 5000
 """Events between two checkpoint lines (at least; 20 per open request when more are open)."""
@@ -68,6 +73,8 @@ class OpenTracker:
             self.open[rid].pop(0)
             if not self.open[rid]:
                 del self.open[rid]
+        elif ev == GENERATION and rid in self.open:
+            self.open[rid][-1][5:] = [event.get("gen")]
         self._since += 1
         if self._since < max(self.every, 20 * len(self.open)):
             return None
@@ -87,12 +94,22 @@ class OpenRequest:
     backend: str | None
     usd: float = 0.0
     """Its worst-case cost, reserved when it was sent (0: free, or an older journal)."""
+    gen: str | None = None
+    """Its generation ID, where the backend sent one before the answer ended."""
 
     @classmethod
     def of_event(cls, event: dict[str, Any]) -> OpenRequest:
         """From a `sent` line."""
         return cls(event["id"], event.get("dataset"), event.get("t"), event.get("backend"),
                    as_usd(event.get("usd")))
+
+    @classmethod
+    def of_entry(cls, entry: Any) -> OpenRequest | None:
+        """From a checkpoint line's entry (four to six fields); None if it is not one."""
+        if not (isinstance(entry, list) and 4 <= len(entry) <= 6 and isinstance(entry[0], str)):
+            return None
+        gen = entry[5] if len(entry) > 5 and isinstance(entry[5], str) else None
+        return cls(*entry[:4], as_usd(entry[4]) if len(entry) > 4 else 0.0, gen)
 
 
 def as_usd(value: Any) -> float:
@@ -226,9 +243,10 @@ def read_journal(path: Path, size: int | None = None) -> JournalTail:
 def _replay(checkpoint: dict[str, Any], raw: bytes, out: JournalTail) -> None:
     """The checkpoint's open requests, then the events after it, in order."""
     open_: dict[str, list[OpenRequest]] = {}
-    for req in checkpoint.get("open") or []:
-        if isinstance(req, list) and len(req) in (4, 5) and isinstance(req[0], str):
-            open_.setdefault(req[0], []).append(OpenRequest(*req[:4], *map(as_usd, req[4:])))
+    for entry in checkpoint.get("open") or []:
+        req = OpenRequest.of_entry(entry)
+        if req is not None:
+            open_.setdefault(req.id, []).append(req)
     for line in raw.splitlines():
         event = _parse(line)
         if event is None or not isinstance(event.get("id"), str):
@@ -238,8 +256,15 @@ def _replay(checkpoint: dict[str, Any], raw: bytes, out: JournalTail) -> None:
             open_.setdefault(rid, []).append(OpenRequest.of_event(event))
         elif ev in ENDED and open_.get(rid):
             open_[rid].pop(0)
+        elif ev == GENERATION and open_.get(rid):
+            open_[rid][-1].gen = _generation_of(event)
     out.open = [r for reqs in open_.values() for r in reqs]
     out.from_checkpoint = True
+
+
+def _generation_of(event: dict[str, Any]) -> str | None:
+    gen = event.get("gen")
+    return gen if isinstance(gen, str) else None
 
 
 def _count(raw: bytes, ev: str) -> int:
@@ -252,6 +277,8 @@ def _find_open(raw: bytes, wanted: int, out: JournalTail) -> None:
     if wanted <= 0:
         return
     ended: Counter[str] = Counter()
+    generation: dict[str, str | None] = {}
+    """Each ID's latest generation ID seen, for the `sent` line before it."""
     pos = len(raw)
     while pos > 0 and len(out.open) < wanted:
         start = raw.rfind(b"\n", 0, pos - 1) + 1
@@ -262,9 +289,13 @@ def _find_open(raw: bytes, wanted: int, out: JournalTail) -> None:
         ev, rid = event.get("ev"), event["id"]
         if ev in ENDED:
             ended[rid] += 1
+        elif ev == GENERATION:
+            generation.setdefault(rid, _generation_of(event))
         elif ev == "sent":
+            gen = generation.pop(rid, None)
             if ended[rid]:
                 ended[rid] -= 1
             else:
                 out.open.append(OpenRequest.of_event(event))
+                out.open[-1].gen = gen
     out.complete = len(out.open) >= wanted

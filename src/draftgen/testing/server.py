@@ -6,7 +6,9 @@ It serves, on loopback:
   OpenRouter and vLLM answer them (JSON and SSE streaming, reasoning fields, structured tool
   calls, `usage` with cost, vLLM's `return_token_ids`, `logprobs` with `bytes` and `id`);
 - `POST /generate`: SGLang's native endpoint (`input_ids` or `text` in, `output_ids` out);
-- `GET /v1/models`, `GET /api/v1/models`, `GET /health`, and `GET /stats` (counters for tests).
+- `GET /v1/models`, `GET /api/v1/models`, `GET /health`, and `GET /stats` (counters for tests);
+- `GET /api/v1/generation?id=...`: OpenRouter's record of one chat answer (`total_cost`, token
+  counts), known from the moment the answer starts, also when the client went away.
 
 The answers come from a deterministic fake model that uses the real Qwen3 tokenizer: for a
 prompt (and the request's `seed`) it writes some reasoning and some content, lays them out as a
@@ -1309,6 +1311,7 @@ _ENDPOINTS = {
     "/api/v1/models": "models",
     "/health": "health",
     "/stats": "stats",
+    "/api/v1/generation": "generation",
 }
 _MODEL_CALLS = frozenset({"chat", "generate"})
 _CUT_STREAM = frozenset({"sse_error", "no_done", "reset_stream"})
@@ -1325,6 +1328,8 @@ class FakeEngine:
         self.vocab = load_vocab(config.tokenizer_file())
         self.model = FakeModel(config, self.vocab)
         self.faults = FaultPicker(config.fault_rates, config.seed)
+        self.generations: dict[str, Json] = {}
+        """Each chat answer's `GET /api/v1/generation` record, by generation ID."""
 
     # ---- middleware
 
@@ -1377,6 +1382,13 @@ class FakeEngine:
             return _json_response({"error": {"code": 404, "message": "Model not found"}}, 404)
         return _json_response(_endpoints_json(self.config))
 
+    async def generation(self, request: web.Request) -> web.Response:
+        record = self.generations.get(request.query.get("id", ""))
+        if record is None:
+            return _json_response({"error": {"code": 404, "message": "Generation not found"}},
+                                  404)
+        return _json_response({"data": record})
+
     async def stats_endpoint(self, request: web.Request) -> web.Response:
         with_bodies = request.query.get("bodies", "1") != "0"
         return _json_response(self.stats.snapshot(bodies=with_bodies))
@@ -1402,6 +1414,7 @@ class FakeEngine:
         )
         comp = await self._completion(fault, key, req.max_tokens, self.vocab.stop_ids)
         reply = _ChatReply(self.config, req, ctx, comp)
+        self.generations[ctx.gen_id] = _generation_json(reply)
         if req.stream:
             return await self._stream(request, reply, fault)
         return await self._send_json(request, reply.json(), fault, ctx)
@@ -1577,6 +1590,23 @@ class _Dropped(Exception):
     """Raised after the connection was aborted on purpose (the `reset` fault)."""
 
 
+def _generation_json(reply: _ChatReply) -> Json:
+    """What OpenRouter's `GET /api/v1/generation` reports of an answer (the fields draftgen
+    reads, and a few more)."""
+    usage = reply.usage()
+    return {
+        "id": reply.ctx.gen_id,
+        "model": reply.config.model,
+        "provider_name": reply.ctx.provider,
+        "total_cost": usage.get("cost", 0.0),
+        "tokens_prompt": usage["prompt_tokens"],
+        "tokens_completion": usage["completion_tokens"],
+        "native_tokens_prompt": usage["prompt_tokens"],
+        "native_tokens_completion": usage["completion_tokens"],
+        "native_tokens_reasoning": usage["completion_tokens_details"]["reasoning_tokens"],
+    }
+
+
 def _generation_id() -> str:
     return f"gen-{int(time.time())}-{uuid.uuid4().hex[:20]}"
 
@@ -1616,6 +1646,7 @@ def create_app(config: ServerConfig, stats: ServerStats | None = None) -> web.Ap
             web.post("/generate", engine.generate),
             web.get("/health", engine.health),
             web.get("/stats", engine.stats_endpoint),
+            web.get("/api/v1/generation", engine.generation),
         ]
     )
     return app
