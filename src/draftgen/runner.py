@@ -264,13 +264,13 @@ class Runner:
         """What the endpoints billed for a killed session's paid requests, by generation ID,
         where they were journaled with one and the backend can be asked (OpenRouter). Asked
         once, for at most ASK_BILLS_S; a bill not known by then stays at its worst case."""
-        wanted = [r for r in left_open if r.gen and r.usd]
         configs = {b.name: b for b in self.cfg.backends if b.type == "openrouter"}
-        named = {r.backend for r in wanted} & set(configs)
-        if not named:
+        wanted = [r for r in left_open if r.gen and r.usd and r.backend in configs]
+        if not wanted:
             return {}
-        backends = [make_backend(configs[n], self.cfg.model, self.cfg.sampling) for n in named]
-        by_name = {b.name: b for b in backends}
+        by_name = {name: make_backend(configs[name], self.cfg.model, self.cfg.sampling)
+                   for name in {r.backend for r in wanted if r.backend}}
+        backends = list(by_name.values())
         bills: dict[str, float] = {}
         limit = asyncio.Semaphore(ASK_BILLS_IN_FLIGHT)
 
@@ -281,13 +281,16 @@ class Runner:
             if billed is not None:
                 bills[req.gen] = billed
 
+        log.info("asking OpenRouter what the %d requests in flight at the last kill cost",
+                 len(wanted))
         try:
             for backend in backends:
                 await backend.start()
-            asks = [asyncio.ensure_future(ask(r)) for r in wanted if r.backend in by_name]
+            asks = [asyncio.ensure_future(ask(r)) for r in wanted]
             _, late = await asyncio.wait(asks, timeout=ASK_BILLS_S)
             for task in late:
                 task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         finally:
             for backend in backends:
                 await backend.close()
