@@ -328,6 +328,21 @@ async def test_models_endpoint(openrouter: TestServer, session: aiohttp.ClientSe
         assert resp.status == 200
 
 
+async def test_generation_endpoint_reports_what_was_billed(
+    openrouter: TestServer, session: aiohttp.ClientSession
+) -> None:
+    url = f"{openrouter.url}/api/v1"
+    async with session.post(url + "/chat/completions", json=_chat("What is 2+2?")) as resp:
+        generation = resp.headers["X-Generation-Id"]
+        usage = (await resp.json())["usage"]
+    async with session.get(url + "/generation", params={"id": generation}) as resp:
+        record = (await resp.json())["data"]
+    assert record["id"] == generation and record["total_cost"] == usage["cost"] > 0
+    assert record["native_tokens_completion"] == usage["completion_tokens"]
+    async with session.get(url + "/generation", params={"id": "gen-unknown"}) as resp:
+        assert resp.status == 404
+
+
 # ---- SGLang /generate
 
 

@@ -1314,6 +1314,7 @@ _ENDPOINTS = {
     "/api/v1/generation": "generation",
 }
 _MODEL_CALLS = frozenset({"chat", "generate"})
+GENERATIONS_KEPT = 100_000
 _CUT_STREAM = frozenset({"sse_error", "no_done", "reset_stream"})
 """Faults that end a stream after about half of its deltas."""
 _OPEN_PATHS = frozenset({"/health", "/stats"})
@@ -1329,7 +1330,8 @@ class FakeEngine:
         self.model = FakeModel(config, self.vocab)
         self.faults = FaultPicker(config.fault_rates, config.seed)
         self.generations: dict[str, Json] = {}
-        """Each chat answer's `GET /api/v1/generation` record, by generation ID."""
+        """The latest chat answers' `GET /api/v1/generation` records, by generation ID
+        (OpenRouter mode; at most GENERATIONS_KEPT)."""
 
     # ---- middleware
 
@@ -1382,6 +1384,11 @@ class FakeEngine:
             return _json_response({"error": {"code": 404, "message": "Model not found"}}, 404)
         return _json_response(_endpoints_json(self.config))
 
+    def _keep_generation(self, reply: _ChatReply) -> None:
+        self.generations[reply.ctx.gen_id] = _generation_json(reply)
+        if len(self.generations) > GENERATIONS_KEPT:  # a benchmark's millions: oldest first
+            del self.generations[next(iter(self.generations))]
+
     async def generation(self, request: web.Request) -> web.Response:
         record = self.generations.get(request.query.get("id", ""))
         if record is None:
@@ -1414,7 +1421,8 @@ class FakeEngine:
         )
         comp = await self._completion(fault, key, req.max_tokens, self.vocab.stop_ids)
         reply = _ChatReply(self.config, req, ctx, comp)
-        self.generations[ctx.gen_id] = _generation_json(reply)
+        if self.config.mode == "openrouter":
+            self._keep_generation(reply)
         if req.stream:
             return await self._stream(request, reply, fault)
         return await self._send_json(request, reply.json(), fault, ctx)
