@@ -28,6 +28,10 @@ IDLE_REUSE_S = 3.0
 """A pooled connection idle longer than this is closed, not reused. Reusing one the server is
 closing at that moment fails with "Can not write request body" or a disconnect, so the cap is
 kept under ENGINE_IDLE_CLOSE_S with room for event-loop lag. A busy run never idles that long."""
+HOSTED_IDLE_REUSE_S = 60.0
+"""The same for OpenRouter, which keeps idle connections far longer: after each pause (a
+rate limit, the $/minute budget) thousands of TLS handshakes would cost CPU for nothing."""
+
 ON_GENERATION_ID: contextvars.ContextVar[Callable[[str], None] | None] = \
     contextvars.ContextVar("draftgen_on_generation_id", default=None)
 """Set by the runner around one paid request: called with the answer's generation ID
@@ -42,10 +46,6 @@ def note_generation_id(headers: Mapping[str, str]) -> None:
         if generation_id:
             hook(generation_id)
 
-
-HOSTED_IDLE_REUSE_S = 60.0
-"""The same for OpenRouter, which keeps idle connections far longer: after each pause (a
-rate limit, the $/minute budget) thousands of TLS handshakes would cost CPU for nothing."""
 
 
 @dataclass(frozen=True, slots=True)
