@@ -8,18 +8,12 @@ MB). The run then ends as after a write failure, and resumes once space is freed
 
 from __future__ import annotations
 
-import os
+import shutil
 import time
 from pathlib import Path
 
 CHECK_EVERY_S = 0.1
-"""statvfs at most this often: it is checked before every request."""
-
-
-def free_bytes(path: Path) -> int:
-    """Bytes an unprivileged writer may still use on the file system of `path`."""
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
+"""The disk is read at most this often: it is checked before every request."""
 
 
 class SpaceGuard:
@@ -41,7 +35,7 @@ class SpaceGuard:
             return None
         self._next_check = now + self.every_s
         try:
-            free = free_bytes(self.path)
+            free = shutil.disk_usage(self.path).free  # what an unprivileged writer may use
         except OSError:
             return None  # the writes themselves then say what is wrong with the disk
         if free >= self.min_free:
