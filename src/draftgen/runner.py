@@ -200,12 +200,8 @@ class Runner:
         for ds in self.plan.datasets:
             ds.prompts.save_cache()
             _warn_bad_rows(ds)
-            on_disk, _ = scan_dataset(self.store.layout, ds.name)
             theirs = done_elsewhere(elsewhere, ds.name) if elsewhere else None
-            records = rescued.records.pop(ds.name, [])
-            if records and self._add_rescued(ds.name, records,
-                                             on_disk.done | theirs if theirs else on_disk.done):
-                on_disk, _ = scan_dataset(self.store.layout, ds.name)
+            on_disk = self._scan_with_rescued(ds.name, rescued.records.pop(ds.name, []), theirs)
             done_here[ds.name] = on_disk.done
             done = on_disk.done | theirs if theirs else on_disk.done
             counters = DatasetCounters(total=len(ds.prompts))
@@ -226,17 +222,24 @@ class Runner:
         self.ledger.add_spent(self._unsettled_before(done_here))
         self._drop_rescue_files(rescued, {ds.name for ds in self.plan.datasets})
 
-    def _add_rescued(self, dataset: str, records: list[dict[str, Any]], done: DoneIds) -> int:
-        """Append answers an earlier session could not write (store.rescue), less any the run
-        already has; how many were added."""
-        new = list({r["id"]: r for r in records if r["id"] not in done}.values())
+    def _scan_with_rescued(self, dataset: str, rescued: list[dict[str, Any]],
+                           theirs: DoneIds | None) -> DatasetOnDisk:
+        """The dataset's folder as the resume scan reads it, once the answers an earlier
+        session could not write (store.rescue) are appended, less any the run already has
+        here or in `theirs` (its other folders)."""
+        on_disk, _ = scan_dataset(self.store.layout, dataset)
+        if not rescued:
+            return on_disk
+        done = on_disk.done | theirs if theirs else on_disk.done
+        new = list({r["id"]: r for r in rescued if r["id"] not in done}.values())
+        if not new:
+            return on_disk
         for record in new:
             self.store.append_record(dataset, record)
-        if new:
-            self.store.sync()
-            log.warning("%s: %d answers an earlier session could not write were added from "
-                        "its rescue file", dataset, len(new))
-        return len(new)
+        self.store.sync()
+        log.warning("%s: %d answers an earlier session could not write were added from its "
+                    "rescue file", dataset, len(new))
+        return scan_dataset(self.store.layout, dataset)[0]
 
     def _drop_rescue_files(self, rescued: Rescued, added: set[str]) -> None:
         """Delete each rescue file whose records are all in the run now; keep one that holds
