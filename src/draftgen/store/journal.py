@@ -98,10 +98,10 @@ class OpenRequest:
     """Its generation ID, where the backend sent one before the answer ended."""
 
     @classmethod
-    def of_event(cls, event: dict[str, Any]) -> OpenRequest:
-        """From a `sent` line."""
+    def of_event(cls, event: dict[str, Any], gen: str | None = None) -> OpenRequest:
+        """From a `sent` line (and its generation ID, where a later line gave one)."""
         return cls(event["id"], event.get("dataset"), event.get("t"), event.get("backend"),
-                   as_usd(event.get("usd")))
+                   as_usd(event.get("usd")), gen)
 
     @classmethod
     def of_entry(cls, entry: Any) -> OpenRequest | None:
@@ -296,6 +296,5 @@ def _find_open(raw: bytes, wanted: int, out: JournalTail) -> None:
             if ended[rid]:
                 ended[rid] -= 1
             else:
-                out.open.append(OpenRequest.of_event(event))
-                out.open[-1].gen = gen
+                out.open.append(OpenRequest.of_event(event, gen))
     out.complete = len(out.open) >= wanted
