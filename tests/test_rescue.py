@@ -133,6 +133,11 @@ def test_a_bad_rescue_line_is_named(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes() + b'{"id": 7}\n')
     with pytest.raises(StoreError, match=rf"{path.name}:2: not an answer record"):
         read_rescued(layout)
+    layout.run_json.write_text('{"sessions": []}')
+    status = collect_status(tmp_path)
+    assert status.rescued == 0
+    assert any(f"a rescue file cannot be read: {path}:2" in n for n in status.notes), \
+        status.notes
 
 
 def test_rescued_answers_already_in_the_run_are_not_added_twice(

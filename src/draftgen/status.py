@@ -195,6 +195,8 @@ class RunStatus:
     """Answers a session could not write to the run folder, waiting in rescue files
     (store.rescue) for the next run to add them."""
     rescue_files: list[str] = field(default_factory=list)
+    rescue_error: str | None = None
+    """Why a rescue file could not be read (then none is counted)."""
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -578,7 +580,7 @@ def _folder_status(f: _Folder, answered: dict[str, np.ndarray], now: float) -> R
         last_activity = _max(last_activity, _max(d.last_t, last_failure))
     journal = read_journal(f.layout.journal, f.journal_size)
     last_activity = _max(last_activity, journal.last_t)
-    rescued, rescue_problem = _read_rescued(f.layout)
+    rescued, rescue_error = _read_rescued(f.layout)
     _in_flight(journal, f.datasets, answered, failed_at, rescued.records)
     first_activity = min((d.first_t for d in f.datasets.values() if d.first_t is not None),
                          default=None)
@@ -596,17 +598,18 @@ def _folder_status(f: _Folder, answered: dict[str, np.ndarray], now: float) -> R
         datasets=f.datasets, total=total, journal=journal,
         unsettled_usd=sum(map(session_unsettled_usd, sessions)),
         rescued=len(rescued), rescue_files=[str(p) for p in rescued.files],
+        rescue_error=rescue_error,
     )
-    status.notes = [*_notes(status, journal), *rescue_problem]
+    status.notes = _notes(status, journal)
     return status
 
 
-def _read_rescued(layout: RunLayout) -> tuple[Rescued, list[str]]:
+def _read_rescued(layout: RunLayout) -> tuple[Rescued, str | None]:
     """The folder's rescue files, or none and why they could not be read."""
     try:
-        return read_rescued(layout), []
+        return read_rescued(layout), None
     except StoreError as e:
-        return Rescued(), [f"a rescue file cannot be read: {e}"]
+        return Rescued(), str(e)
 
 
 def collect_status(root: Path, now: float | None = None) -> RunStatus:
@@ -819,6 +822,8 @@ def _stop_note(st: RunStatus) -> list[str]:
 
 
 def _rescue_note(st: RunStatus) -> list[str]:
+    if st.rescue_error:
+        return [f"a rescue file cannot be read: {st.rescue_error}"]
     if not st.rescued:
         return []
     return [f"{st.rescued:,} answers a session could not write to the run folder are kept in "
