@@ -130,7 +130,7 @@ def _print_plan(plan: Plan) -> None:
                   f"priority {b.priority}", highlight=False)
 
 
-@app.command()
+@app.command(short_help="Generate answers; re-running the same command resumes.")
 def run(
     config: Annotated[Path, typer.Argument(help="run.yaml")],
     dry_run: Annotated[bool, typer.Option(
@@ -161,10 +161,9 @@ def run(
         "a local one).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Generate answers. Re-running the same command on the same output_dir resumes.
-
-    The backends are probed first (see `draftgen probe`): a backend the probe finds unsafe for
-    this run's prompts is left out; with none left, nothing is sent."""
+    """Generate answers; re-running the same command resumes. The backends are probed first (see
+    `draftgen probe`): a backend the probe finds unsafe for this run's prompts is left out; with
+    none left, nothing is sent."""
     from draftgen import perf
     from draftgen.config import load_config
     from draftgen.runner import Runner, prepare
@@ -265,7 +264,7 @@ def _print_shard(plan: Plan, spec: ShardSpec) -> None:
                                    f"{spec.folder(Path(plan.cfg.output_dir))}", highlight=False)
 
 
-@app.command()
+@app.command(short_help="Check what each backend does, before a paid run.")
 def probe(
     config: Annotated[Path, typer.Argument(help="run.yaml")],
     as_json: Annotated[bool, typer.Option(
@@ -280,11 +279,11 @@ def probe(
         "`draftgen run` reuses them instead of probing again.")] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Check what each backend does before a paid run: a few small requests (plain, reasoning,
-    a tool call), then per backend where reasoning arrives, whether whitespace is kept, how
-    tool calls arrive, whether usage.completion_tokens matches the rebuilt IDs, whether
-    logprobs cover every token, who served it and what it cost; and a verdict: exact,
-    reconstructable or unsafe. Exits 1 when a backend is unsafe."""
+    """Check what each backend does, before a paid run. A few small requests (plain, reasoning, a
+    tool call), then per backend where reasoning arrives, whether whitespace is kept, how tool calls
+    arrive, whether usage.completion_tokens matches the rebuilt IDs, whether logprobs cover every
+    token, who served it and what it cost; and a verdict: exact, reconstructable or unsafe. Exits 1
+    when a backend is unsafe."""
     import asyncio
 
     from draftgen.backends import BackendNotReady
@@ -315,14 +314,14 @@ def probe(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(short_help="Stop a running `draftgen run` on RUN_DIR (graceful unless --now).")
 def stop(
     run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
     now: Annotated[bool, typer.Option(
         "--now", help="Abort requests in flight instead of waiting for them.")] = False,
 ) -> None:
-    """Ask a running `draftgen run` on RUN_DIR to stop (graceful unless --now); on a sharded
-    run, every live shard on this machine (shards live on other machines are named)."""
+    """Stop a running `draftgen run` on RUN_DIR (graceful unless --now). On a sharded run, every
+    live shard on this machine (shards live on other machines are named)."""
     from draftgen.scale.shards import live_parts, run_parts
 
     live = [(part, holder) for part, holder in live_parts(run_parts(run_dir))
@@ -446,12 +445,12 @@ def report(
                      f"(+ {len(result.pngs)} PNGs)", highlight=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(short_help="How far a run got: live, stopped or killed.")
 def status(
     run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
-    """How far a run got (live, stopped or killed): done, failed, skipped, pending, in flight,
+    """How far a run got: live, stopped or killed. Done, failed, skipped, pending, in flight,
     tokens, cost, rates. Reads only; never disturbs a live run."""
     from draftgen.status import StatusError, collect_status, print_status
 
@@ -462,7 +461,7 @@ def status(
     print_status(st, as_json)
 
 
-@app.command()
+@app.command(short_help="Check every answer's tokens against the run's model format.")
 def audit(
     run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
@@ -475,9 +474,9 @@ def audit(
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="tokenizer.json to use instead of the one run.json names.")] = None,
 ) -> None:
-    """Check every answer's tokens against the run's model format (stop and reasoning tokens,
-    tool tokens, prompt IDs, decoded text, token_check claims, provider routing, duplicate
-    IDs). Exit status 1 when any answer fails."""
+    """Check every answer's tokens against the run's model format. Stop and reasoning tokens, tool
+    tokens, prompt IDs, decoded text, token_check claims, provider routing, duplicate IDs. Exit
+    status 1 when any answer fails."""
     from draftgen.audit import AuditError, audit_run, render_report
     from draftgen.audit.quarantine import QuarantineError
     from draftgen.audit.quarantine import quarantine as move_failing
