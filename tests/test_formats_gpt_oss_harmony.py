@@ -463,26 +463,25 @@ def test_parsers_agree(enc: Any, fmt: Format, case: Case) -> None:
             for c in parsed.tool_calls or []] == a.calls
 
 
-PLAIN = [c for c in ANSWERED if c.answer and not c.answer.reasoning and not c.answer.calls
-         and not any(m.get("reasoning") for m in c.messages)]
-"""Answers without reasoning or calls, after a history without reasoning (a final answer
-drops the reasoning of the tool loop before it)."""
+FINALS = [c for c in ANSWERED if c.answer and not c.answer.calls
+          and not any(m.get("reasoning") for m in c.messages)]
+"""Final answers after a history without reasoning (a final answer drops the reasoning of the
+tool loop before it, so those prompts cannot extend)."""
 
 
-@pytest.mark.parametrize("case", PLAIN, ids=[c.name for c in PLAIN])
+@pytest.mark.parametrize("case", FINALS, ids=[c.name for c in FINALS])
 def test_history_extends_the_prompt(fmt: Format, case: Case) -> None:
-    """A final answer without reasoning is fed back as it was emitted, `<|return|>` as
-    `<|end|>`: the next turn's prompt starts with this prompt + the answer."""
+    """A final answer is fed back as it was emitted, less its reasoning (dropped once answered)
+    and with `<|return|>` as `<|end|>`: the next turn's prompt starts with prompt + answer."""
     a = case.answer
     assert a is not None
     f = format_for(fmt, case)
     prompt = f.prompt_text(case.messages, case.tools)
     answer = f.answer_text(None, a.content, None, finished=True).text
-    nxt = [*case.messages, {"role": "assistant", "content": a.content}, {"role": "user",
-                                                                        "content": "More?"}]
-    fed_back = prompt + answer.removesuffix("<|return|>") + "<|end|>"
+    said = {"role": "assistant", "content": a.content, "reasoning": a.reasoning}
+    nxt = f.prompt_text([*case.messages, said, {"role": "user", "content": "More?"}], case.tools)
     if a.content:
-        assert f.prompt_text(nxt, case.tools).startswith(fed_back)
-    else:  # vLLM drops an empty assistant message: nothing to feed back
-        assert f.prompt_text(nxt, case.tools).startswith(prompt.removesuffix(
-            "<|start|>assistant"))
+        assert nxt.startswith(prompt + answer.removesuffix("<|return|>") + "<|end|>")
+        assert "<|channel|>analysis" not in nxt.removeprefix(prompt)
+    else:  # vLLM drops an assistant message without content: nothing is fed back
+        assert nxt.startswith(prompt.removesuffix("<|start|>assistant") + "<|start|>user")
