@@ -209,8 +209,14 @@ def _tool_description(tool: Tool) -> Any:
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise FormatError(f"gpt-oss: a tool without a function name: {tool!r}")
-    return oh.ToolDescription.new(name, fn.get("description") or "",
-                                  parameters=fn.get("parameters"))
+    try:
+        return oh.ToolDescription.new(name, fn.get("description") or "",
+                                      parameters=fn.get("parameters"))
+    except ValueError as e:  # pydantic's ValidationError: a field of the wrong type
+        problem = e.errors()[0] if hasattr(e, "errors") else {}
+        where = ".".join(str(p) for p in problem.get("loc", ())) or "function"
+        raise FormatError(f"gpt-oss: tool {name!r}: {where}: "
+                          f"{problem.get('msg', e)}") from None
 
 
 def _turns(messages: Sequence[Message], call_content_type: str) -> list[Turn | str]:
