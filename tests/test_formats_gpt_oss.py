@@ -7,6 +7,7 @@ itself is not available offline)."""
 from __future__ import annotations
 
 import itertools
+import sys
 from datetime import datetime
 from typing import Any
 
@@ -140,6 +141,14 @@ def test_prompt_errors(fmt: Format, hf: Format, tok: Tokenizer) -> None:
         get_format("gpt-oss", tok, {"renderer": "jinja"})
     with pytest.raises(FormatError, match="reasoning_effort must be one of low, medium, high"):
         get_format("gpt-oss", tok, {"reasoning_effort": "max"})
+
+
+def test_prompt_without_openai_harmony(fmt: Format, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed without its dependencies (--no-deps), the format says what to do."""
+    monkeypatch.setitem(sys.modules, "openai_harmony", None)  # import fails
+    messages = [{"role": "system", "content": "A header not rendered before."}, user("x")]
+    with pytest.raises(FormatError, match=r"openai-harmony==0\.0\.8 .* renderer: hf_template"):
+        fmt.prompt_text(messages, None)
 
 
 def test_prompt_from_the_model_template(tok: Tokenizer) -> None:

