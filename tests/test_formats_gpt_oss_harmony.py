@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import openai_harmony as oh
 import pytest
 
-oh = pytest.importorskip("openai_harmony")
-
-from draftgen.formats import Format, get_format  # noqa: E402
-from draftgen.formats.harmony import encodings_folder  # noqa: E402
-from draftgen.testing.assets import family_tokenizer  # noqa: E402
-from draftgen.types import Message, Tool  # noqa: E402
+from draftgen.formats import Format, get_format
+from draftgen.formats.harmony import encodings_folder
+from draftgen.testing.assets import family_tokenizer
+from draftgen.types import Message, Tool
 
 DATE = "2025-08-05"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
