@@ -137,6 +137,9 @@ def test_prompt_errors(fmt: Format, hf: Format, tok: Tokenizer) -> None:
     bad = {"type": "function", "function": {"name": "f", "parameters": "oops"}}
     with pytest.raises(FormatError, match="tool 'f': parameters: Input should be a valid dict"):
         fmt.prompt_text([user("x")], [bad])
+    with pytest.raises(FormatError, match="history_reasoning must be one of drop_answered, "
+                                          "current_turn"):
+        get_format("gpt-oss", tok, {"history_reasoning": "keep"})
     with pytest.raises(FormatError, match="renderer must be one of harmony, hf_template"):
         get_format("gpt-oss", tok, {"renderer": "jinja"})
     with pytest.raises(FormatError, match="reasoning_effort must be one of low, medium, high"):

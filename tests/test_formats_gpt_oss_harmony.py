@@ -304,6 +304,16 @@ def cases() -> list[Case]:
             "météo", "Donne la météo — vite.", obj({"ville": {"type": "string",
                                                                "description": "La ville é"}}))],
             answer=Answer("ok", None, [("météo", '{"ville":"Lyon"}')])),
+        *[conversation(f"reasoning in two answered turns, {rule}", u("A?"), assistant("a", "r1"),
+                       u("B?"), assistant("b", "r2"), u("C?"),
+                       options={"history_reasoning": rule}, answer=Answer("r3", "c"))
+          for rule in ("drop_answered", "current_turn")],
+        *[conversation(f"answered turn then a tool loop, {rule}", u("A?"), assistant("a", "r1"),
+                       u("Weather?"),
+                       assistant(None, "r2", [("w", "get_weather", '{"city": "Rome"}')]),
+                       tool_msg("w", "get_weather", "18C"), tools=[WEATHER],
+                       options={"history_reasoning": rule}, answer=Answer("r3", "18C."))
+          for rule in ("drop_answered", "current_turn")],
         conversation("final answer after parallel results", u("Both?"),
                      assistant("Checking both.", None, [("a", "get_weather", '{"city": "Rome"}'),
                                                         ("b", "get_time", '{"tz": "CET"}')]),
@@ -338,7 +348,9 @@ def expected_prompt(enc: Any, case: Case) -> list[int]:
     if case.options.get("history_constrain"):
         turns = [m.with_content_type("<|constrain|>json")
                  if (m.recipient or "").startswith("functions.") else m for m in turns]
-    messages += drop_answered_analysis(turns)
+    drop = (drop_current_turn if case.options.get("history_reasoning") == "current_turn"
+            else drop_answered_analysis)
+    messages += drop(turns)
     conversation = oh.Conversation.from_messages(messages)
     return enc.render_conversation_for_completion(conversation, A)
 
@@ -348,6 +360,19 @@ def drop_answered_analysis(messages: list[Any]) -> list[Any]:
     finals = [i for i, m in enumerate(messages) if m.author.role == A and m.channel == "final"]
     last = finals[-1] if finals else -1
     return [m for i, m in enumerate(messages) if not (i < last and m.channel == "analysis")]
+
+
+def drop_current_turn(messages: list[Any]) -> list[Any]:
+    """vLLM's `auto_drop_analysis_messages` in its other form: only analysis after the last
+    user message and before the last final message after it goes."""
+    users = [i for i, m in enumerate(messages) if m.author.role == oh.Role.USER]
+    start = users[-1] + 1 if users else 0
+    finals = [i for i, m in enumerate(messages)
+              if i >= start and m.author.role == A and m.channel == "final"]
+    if not finals:
+        return messages
+    return [m for i, m in enumerate(messages)
+            if not (start <= i < finals[-1] and m.channel == "analysis")]
 
 
 def answer_messages(answer: Answer) -> list[Any]:

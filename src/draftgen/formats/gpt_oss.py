@@ -20,8 +20,9 @@ Prompts (format option `renderer`):
 - "harmony" (default): as vLLM renders them (`formats.harmony`: openai-harmony renders the
   system and developer messages, the turns follow its layout), with the options
   `reasoning_effort` (default "medium"), `model_identity`, `current_date` (YYYY-MM-DD; default
-  today) and `history_constrain` (past tool calls as `<|constrain|>json`, as the model emits
-  them, instead of vLLM's `json`).
+  today), `history_constrain` (past tool calls as `<|constrain|>json`, as the model emits
+  them, instead of vLLM's `json`) and `history_reasoning` ("drop_answered": the reasoning
+  before the last final answer is dropped; "current_turn": only the current turn's).
 - "hf_template": the model's Hugging Face chat template (what SGLang's and llama.cpp's chat
   endpoints render): the template in the tokenizer folder when there is one, else that
   template written in Python here (tool parameters that are nested objects or `oneOf` unions
@@ -47,7 +48,16 @@ from draftgen.formats.common import (
     text_field,
     tojson,
 )
-from draftgen.formats.harmony import CALL, CHANNEL, EFFORTS, END, MESSAGE, START, render_prompt
+from draftgen.formats.harmony import (
+    CALL,
+    CHANNEL,
+    EFFORTS,
+    END,
+    HISTORY_REASONING,
+    MESSAGE,
+    START,
+    render_prompt,
+)
 from draftgen.tokenize import Tokenizer
 from draftgen.types import Message, Tool
 
@@ -89,6 +99,7 @@ class GptOss(Format):
         "current_date": str,
         "renderer": str,
         "history_constrain": bool,
+        "history_reasoning": str,
     }
 
     def __init__(self, tokenizer: Tokenizer, options: Mapping[str, Any] | None = None) -> None:
@@ -107,6 +118,10 @@ class GptOss(Format):
         if self.renderer == "harmony" and self.effort not in EFFORTS:
             raise FormatError(f"gpt-oss: reasoning_effort must be one of "
                               f"{', '.join(EFFORTS)}, got {self.effort!r}")
+        self.history_reasoning = self.options.get("history_reasoning", "drop_answered")
+        if self.history_reasoning not in HISTORY_REASONING:
+            raise FormatError(f"gpt-oss: history_reasoning must be one of "
+                              f"{', '.join(HISTORY_REASONING)}, got {self.history_reasoning!r}")
         self.call_content_type = (CONSTRAIN + "json" if self.options.get("history_constrain")
                                   else "json")
         self.template = (ChatTemplate.from_folder(tokenizer_folder(tokenizer), self._now)
@@ -123,7 +138,8 @@ class GptOss(Format):
         if self.renderer == "harmony":
             return render_prompt(
                 messages, tools, effort=self.effort, date=f"{self._now():%Y-%m-%d}",
-                identity=self.identity, call_content_type=self.call_content_type)
+                identity=self.identity, call_content_type=self.call_content_type,
+                history_reasoning=self.history_reasoning)
         if self.template is not None:
             extra = {"model_identity": self.identity} if self.identity else {}
             return self.template.render(messages, tools, add_generation_prompt=True,

@@ -152,6 +152,7 @@ def render_prompt(
     date: str,
     identity: str | None,
     call_content_type: str,
+    history_reasoning: str = "drop_answered",
 ) -> str:
     """The prompt vLLM renders for a chat request: the system message, a developer message (the
     first system/developer message as instructions, the tools), the turns, `<|start|>assistant`.
@@ -167,8 +168,8 @@ def render_prompt(
         turns = turns[1:]
     tools_json = json.dumps(list(tools), ensure_ascii=False) if tools else None
     head = _header(instructions or None, tools_json, effort, date, identity)
-    body = "".join(t if isinstance(t, str) else t.render()
-                   for t in _drop_answered_analysis(_turns(turns, call_content_type)))
+    kept = _harmony_drop(_VLLM_DROP[history_reasoning](_turns(turns, call_content_type)))
+    body = "".join(t if isinstance(t, str) else t.render() for t in kept)
     return head + body + START + "assistant"
 
 
@@ -310,11 +311,41 @@ def _tool_names(messages: Sequence[Message]) -> dict[int, str]:
     return names
 
 
-def _drop_answered_analysis(turns: list[Turn | str]) -> list[Turn | str]:
-    """Reasoning before the last final answer is dropped (vLLM's `auto_drop_analysis_messages`:
-    the model saw it only until it answered)."""
-    last_final = max((i for i, t in enumerate(turns)
-                      if isinstance(t, Turn) and t.author == "assistant" and t.channel == "final"),
-                     default=-1)
+def _is(turn: Turn | str, author: str, channel: str | None = None) -> bool:
+    return isinstance(turn, Turn) and turn.author == author and (
+        channel is None or turn.channel == channel)
+
+
+def _without_analysis(turns: list[Turn | str], start: int, stop: int) -> list[Turn | str]:
     return [t for i, t in enumerate(turns)
-            if i >= last_final or not (isinstance(t, Turn) and t.channel == "analysis")]
+            if not (start <= i < stop and isinstance(t, Turn) and t.channel == "analysis")]
+
+
+def _drop_answered(turns: list[Turn | str]) -> list[Turn | str]:
+    """Reasoning before the last final answer goes: the model saw it only until it answered
+    (OpenAI's harmony guide; vLLM's `auto_drop_analysis_messages` in most versions)."""
+    finals = [i for i, t in enumerate(turns) if _is(t, "assistant", "final")]
+    return _without_analysis(turns, 0, finals[-1]) if finals else turns
+
+
+def _drop_current_turn(turns: list[Turn | str]) -> list[Turn | str]:
+    """Only the current turn's reasoning before its last final answer goes (vLLM's
+    `auto_drop_analysis_messages` in other versions: earlier turns keep theirs)."""
+    users = [i for i, t in enumerate(turns) if _is(t, "user")]
+    start = users[-1] + 1 if users else 0
+    finals = [i for i, t in enumerate(turns) if i >= start and _is(t, "assistant", "final")]
+    return _without_analysis(turns, start, finals[-1]) if finals else turns
+
+
+def _harmony_drop(turns: list[Turn | str]) -> list[Turn | str]:
+    """openai-harmony's own rule (`render_conversation_for_completion`): when the last
+    assistant message is a final answer, the reasoning before the first final answer goes."""
+    said = [t for t in turns if _is(t, "assistant")]
+    if not said or not _is(said[-1], "assistant", "final"):
+        return turns
+    first = next(i for i, t in enumerate(turns) if isinstance(t, Turn) and t.channel == "final")
+    return _without_analysis(turns, 0, first)
+
+
+_VLLM_DROP = {"drop_answered": _drop_answered, "current_turn": _drop_current_turn}
+HISTORY_REASONING = tuple(_VLLM_DROP)
