@@ -134,6 +134,9 @@ def test_prompt_errors(fmt: Format, hf: Format, tok: Tokenizer) -> None:
             f.prompt_text([user("x"), {"role": "tool", "content": "y"}], None)
     with pytest.raises(FormatError, match="YYYY-MM-DD"):
         get_format("gpt-oss", tok, {"current_date": "5 Aug"})
+    with pytest.raises(FormatError, match="message 2 content must be a string"):  # its index
+        fmt.prompt_text([{"role": "system", "content": "s"}, user("x"),
+                         {"role": "user", "content": 5}], None)
     bad = {"type": "function", "function": {"name": "f", "parameters": "oops"}}
     with pytest.raises(FormatError, match="tool 'f': parameters: Input should be a valid dict"):
         fmt.prompt_text([user("x")], [bad])

@@ -71,15 +71,18 @@ def encodings_folder() -> Path:
             raise FormatError(f"gpt-oss: {MISSING}") from None
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".{ENCODING_FILE}.{os.getpid()}.part"
-        with packed.open("rb") as raw, gzip.open(raw) as src:
-            partial.write_bytes(src.read())
-        partial.replace(target)
+        try:
+            with packed.open("rb") as raw, gzip.open(raw) as src:
+                partial.write_bytes(src.read())
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
     return folder
 
 
 @cache
 def harmony_encoding() -> Any:
-    """openai-harmony's HARMONY_GPT_OSS encoding, loaded once per process (about 0.4 s)."""
+    """openai-harmony's HARMONY_GPT_OSS encoding, loaded once per process (0.4 to 1 s)."""
     oh = openai_harmony()
 
     with _LOAD_LOCK:
@@ -161,14 +164,15 @@ def render_prompt(
     per distinct header; the turns are written here, in the layout above (openai-harmony costs
     about 0.5 ms a call, whatever its size: bench/gpt_oss_render.py). The tests check the whole
     prompt against openai-harmony's render of the conversation."""
-    turns = list(messages)
     instructions = None
-    if turns and turns[0].get("role") in ("system", "developer"):
-        instructions = flat_text(turns[0].get("content"), "system content")
-        turns = turns[1:]
+    first = 0
+    if messages and messages[0].get("role") in ("system", "developer"):
+        instructions = flat_text(messages[0].get("content"), "message 0 content")
+        first = 1
     tools_json = json.dumps(list(tools), ensure_ascii=False) if tools else None
     head = _header(instructions or None, tools_json, effort, date, identity)
-    kept = _harmony_drop(_VLLM_DROP[history_reasoning](_turns(turns, call_content_type)))
+    kept = _harmony_drop(_VLLM_DROP[history_reasoning](_turns(messages, first,
+                                                              call_content_type)))
     body = "".join(t if isinstance(t, str) else t.render() for t in kept)
     return head + body + START + "assistant"
 
@@ -235,12 +239,16 @@ def _tool_description(tool: Tool) -> Any:
                           f"{problem.get('msg', e)}") from None
 
 
-def _turns(messages: Sequence[Message], call_content_type: str) -> list[Turn | str]:
-    """The turns as vLLM converts them (`parse_chat_input_to_harmony_message`); a later system
-    or developer message is already rendered text."""
+def _turns(messages: Sequence[Message], first: int, call_content_type: str
+           ) -> list[Turn | str]:
+    """The turns from `messages[first]` on, as vLLM converts them
+    (`parse_chat_input_to_harmony_message`); a later system or developer message is already
+    rendered text."""
     names = _tool_names(messages)
     out: list[Turn | str] = []
     for i, m in enumerate(messages):
+        if i < first:
+            continue
         role = m.get("role")
         if role == "user":
             out.append(Turn("user", flat_text(m.get("content"), f"message {i} content")))
