@@ -21,6 +21,7 @@ from draftgen.audit.checks import (
     TokenSpec,
     end_think_problems,
     spec_for,
+    token_problems,
     tool_token_pairs,
 )
 from draftgen.audit.engine import Auditor, Routing
@@ -238,6 +239,23 @@ def test_token_specs_of_other_families() -> None:
     assert harmony.stop_ids == {200002, 200012} and not harmony.end_think_once
     assert tool_token_pairs(["<tool_call>", "</tool_call>", "<x>"]) == [
         ("<tool_call>", "</tool_call>")]
+
+
+def test_parallel_harmony_calls_are_one_answer() -> None:
+    """gpt-oss's parallel calls each end with `<|call|>`, the next opening with `<|start|>`:
+    not a stop token inside the answer (audit and export agree); `<|return|>` there is."""
+    tok = family_tokenizer("gpt-oss")
+    fmt = get_format("gpt-oss", tok, {"current_date": "2025-01-01"})
+    spec = spec_for(fmt)
+    calls = [{"function": {"name": n, "arguments": "{}"}} for n in ("a", "b")]
+    ids = tok.encode(fmt.answer_text("R", None, calls, finished=True).text)
+    record = {"output_ids": ids, "finish_reason": "tool_calls", "tools": [{}]}
+    assert ids.count(200012) == 2
+    assert token_problems(record, spec) == []
+    assert audit_problems(record, spec) == []
+    bad = {**record, "output_ids": [*ids[:-1], 200002, 200006, *ids[-1:]]}
+    assert "stop_token_inside_answer" in token_problems(bad, spec)
+    assert "stop_token_inside_answer" in audit_problems(bad, spec)
 
 
 def _kimi_record(fmt: Any, tok: Tokenizer, answer: str) -> dict[str, Any]:

@@ -1,9 +1,13 @@
 """gpt-oss (harmony). Its tokenizer is not available offline: the text layer is tested exactly,
-the token layer on the real Qwen3 BPE carrying harmony's special tokens at their real IDs."""
+the token layer on the real Qwen3 BPE carrying harmony's special tokens at their real IDs.
+The default renderer is checked against openai-harmony in test_formats_gpt_oss_harmony.py; the
+`hf_template` texts below are the model's chat template as this project read it (the template
+itself is not available offline)."""
 
 from __future__ import annotations
 
 import itertools
+import sys
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +34,11 @@ def tok() -> Tokenizer:
 @pytest.fixture(scope="module")
 def fmt(tok: Tokenizer) -> Format:
     return get_format("gpt-oss", tok, {"current_date": "2025-08-05"})
+
+
+@pytest.fixture(scope="module")
+def hf(tok: Tokenizer) -> Format:
+    return get_format("gpt-oss", tok, {"current_date": "2025-08-05", "renderer": "hf_template"})
 
 
 def call(name: str, args: str) -> dict[str, Any]:
@@ -62,9 +71,13 @@ PARIS = call("get_weather", '{"city":"Paris"}')
 # ---- prompts ---------------------------------------------------------------------------------
 
 
-def test_prompt_plain(fmt: Format, tok: Tokenizer) -> None:
-    text = fmt.prompt_text([{"role": "system", "content": "Be terse."}, user("Hi")], None)
-    assert text == (
+def test_prompt_plain(fmt: Format, hf: Format, tok: Tokenizer) -> None:
+    messages = [{"role": "system", "content": "Be terse."}, user("Hi")]
+    assert fmt.prompt_text(messages, None) == (
+        f"{SYSTEM}<|end|><|start|>developer<|message|># Instructions\n\nBe terse.<|end|>"
+        "<|start|>user<|message|>Hi<|end|><|start|>assistant"
+    )
+    assert hf.prompt_text(messages, None) == (
         f"{SYSTEM}<|end|><|start|>developer<|message|># Instructions\n\nBe terse.\n\n<|end|>"
         "<|start|>user<|message|>Hi<|end|><|start|>assistant"
     )
@@ -73,14 +86,21 @@ def test_prompt_plain(fmt: Format, tok: Tokenizer) -> None:
     assert ids[-2:] == [200006, *tok.encode("assistant")]
 
 
-def test_prompt_tools_and_history(fmt: Format) -> None:
+def test_prompt_tools_and_history(fmt: Format, hf: Format) -> None:
     messages = [
         user("Weather in Paris?"),
         {"role": "assistant", "content": None, "reasoning_content": "Need the tool.",
          "tool_calls": [PARIS]},
         {"role": "tool", "content": "sunny"},
     ]
-    text = fmt.prompt_text(messages, [WEATHER])
+    assert fmt.prompt_text(messages, [WEATHER]).endswith(
+        "<|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|>"
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+        '{"city":"Paris"}<|call|>'
+        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny<|end|>"
+        "<|start|>assistant"
+    )
+    text = hf.prompt_text(messages, [WEATHER])
     assert text.startswith(SYSTEM + "\nCalls to these tools must go to the commentary channel: "
                            "'functions'.<|end|>")
     assert (
@@ -97,26 +117,50 @@ def test_prompt_tools_and_history(fmt: Format) -> None:
         '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny"<|end|>'
         "<|start|>assistant"
     )
-    closed = fmt.prompt_text([*messages, {"role": "assistant", "content": "Sunny."},
+    closed = hf.prompt_text([*messages, {"role": "assistant", "content": "Sunny."},
                               user("Thanks")], None)
     assert "Need the tool." not in closed  # analysis dropped once a final answer follows
     assert "<|start|>assistant<|channel|>final<|message|>Sunny.<|end|>" in closed
 
 
-def test_prompt_errors(fmt: Format, tok: Tokenizer) -> None:
+def test_prompt_errors(fmt: Format, hf: Format, tok: Tokenizer) -> None:
     nested = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {
         "type": "object", "properties": {"o": {"type": "object", "properties": {}}}}}}
+    assert "o?: {\n" in fmt.prompt_text([user("x")], [nested])  # openai-harmony renders it
     with pytest.raises(FormatError, match="chat template"):
-        fmt.prompt_text([user("x")], [nested])
-    with pytest.raises(FormatError, match="without a tool call"):
-        fmt.prompt_text([user("x"), {"role": "tool", "content": "y"}], None)
+        hf.prompt_text([user("x")], [nested])
+    for f in (fmt, hf):
+        with pytest.raises(FormatError, match="without a tool call"):
+            f.prompt_text([user("x"), {"role": "tool", "content": "y"}], None)
     with pytest.raises(FormatError, match="YYYY-MM-DD"):
         get_format("gpt-oss", tok, {"current_date": "5 Aug"})
+    with pytest.raises(FormatError, match="message 2 content must be a string"):  # its index
+        fmt.prompt_text([{"role": "system", "content": "s"}, user("x"),
+                         {"role": "user", "content": 5}], None)
+    bad = {"type": "function", "function": {"name": "f", "parameters": "oops"}}
+    with pytest.raises(FormatError, match="tool 'f': parameters: Input should be a valid dict"):
+        fmt.prompt_text([user("x")], [bad])
+    with pytest.raises(FormatError, match="history_reasoning must be one of drop_answered, "
+                                          "current_turn"):
+        get_format("gpt-oss", tok, {"history_reasoning": "keep"})
+    with pytest.raises(FormatError, match="renderer must be one of harmony, hf_template"):
+        get_format("gpt-oss", tok, {"renderer": "jinja"})
+    with pytest.raises(FormatError, match="reasoning_effort must be one of low, medium, high"):
+        get_format("gpt-oss", tok, {"reasoning_effort": "max"})
+
+
+def test_prompt_without_openai_harmony(fmt: Format, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed without its dependencies (--no-deps), the format says what to do."""
+    monkeypatch.setitem(sys.modules, "openai_harmony", None)  # import fails
+    messages = [{"role": "system", "content": "A header not rendered before."}, user("x")]
+    with pytest.raises(FormatError, match=r"openai-harmony==0\.0\.8 .* renderer: hf_template"):
+        fmt.prompt_text(messages, None)
 
 
 def test_prompt_from_the_model_template(tok: Tokenizer) -> None:
     """With the model's chat template the prompt is the template's, given the options."""
-    fmt = get_format("gpt-oss", tok, {"reasoning_effort": "high", "current_date": "2025-01-02"})
+    fmt = get_format("gpt-oss", tok, {"reasoning_effort": "high", "current_date": "2025-01-02",
+                                      "renderer": "hf_template"})
     fmt.template = ChatTemplate(  # type: ignore[attr-defined]
         "{{ strftime_now('%Y-%m-%d') }} {{ reasoning_effort }} {{ messages[0].content | tojson }}"
         "{% if add_generation_prompt %}<|start|>assistant{% endif %}", {},
@@ -142,7 +186,9 @@ def test_answer_layouts(fmt: Format) -> None:
     assert "<|channel|>commentary<|message|>Let me look.<|end|><|start|>assistant" in preamble.text
     assert preamble.flags == ["layout_uncertain"]
     two = fmt.answer_text("R", None, [PARIS, PARIS], finished=True)
-    assert "multiple_tool_calls" in two.flags and two.text.count("<|call|>") == 1
+    assert "multiple_tool_calls" in two.flags and two.text.count("<|call|>") == 2
+    assert ("<|call|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+            in two.text)
     assert fmt.answer_text("R", "Hi", None, finished=False).text.endswith("final<|message|>Hi")
     assert fmt.answer_text("Still", None, None, finished=False).text == (
         "<|channel|>analysis<|message|>Still")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 CUT_OFF = frozenset({"length"})
@@ -60,6 +61,9 @@ class TokenSpec:
     tool_ids: frozenset[int] = frozenset()
     tool_pairs: tuple[tuple[int, int], ...] = ()
     """(opening, closing) tool tokens that must come in pairs."""
+    continuation: tuple[int, int] | None = None
+    """(stop ID, next ID) that continue an answer past a stop token
+    (`Format.answer_continuation`)."""
 
     @classmethod
     def of_stop(cls, stop_ids: int | Iterable[int]) -> TokenSpec:
@@ -102,11 +106,19 @@ def spec_for(fmt: Any) -> TokenSpec:
             pairs.append((ia, ib))
     return TokenSpec(
         stop_ids=ids(fmt.stop_tokens),
+        continuation=_id_pair(tok, getattr(fmt, "answer_continuation", None)),
         end_think_id=tok.token_to_id(end_think) if end_think else None,
         end_think_once=end_think not in _END_THINK_SEPARATORS,
         tool_ids=ids(fmt.tool_tokens),
         tool_pairs=tuple(pairs),
     )
+
+
+def _id_pair(tok: Any, pair: tuple[str, str] | None) -> tuple[int, int] | None:
+    if pair is None:
+        return None
+    a, b = tok.token_to_id(pair[0]), tok.token_to_id(pair[1])
+    return None if a is None or b is None else (a, b)
 
 
 # ---- the checks ------------------------------------------------------------------------------
@@ -116,8 +128,10 @@ def missing_fields(record: Mapping[str, Any]) -> list[str]:
     return [k for k in REQUIRED if k not in record]
 
 
-def stop_token_problems(ids: list[int], finish: Any, stop_ids: Collection[int]) -> list[str]:
-    """Ends with a stop token exactly when finished; no stop token before the end."""
+def stop_token_problems(ids: list[int], finish: Any, stop_ids: Collection[int],
+                        continuation: tuple[int, int] | None = None) -> list[str]:
+    """Ends with a stop token exactly when finished; no stop token before the end, but where
+    `continuation` (stop ID, next ID) goes on with the answer."""
     if not ids or not stop_ids:
         return []
     problems = []
@@ -126,7 +140,9 @@ def stop_token_problems(ids: list[int], finish: Any, stop_ids: Collection[int]) 
         problems.append("stop_token_missing")
     if finish in CUT_OFF and ends_with_stop:
         problems.append("stop_token_on_cut_off_answer")
-    if sum(ids.count(s) for s in stop_ids) > ends_with_stop:
+    continued = 0 if continuation is None else sum(
+        1 for pair in pairwise(ids) if pair == continuation)
+    if sum(ids.count(s) for s in stop_ids) - continued > ends_with_stop:
         problems.append("stop_token_inside_answer")
     return problems
 
@@ -225,6 +241,6 @@ def token_problems(record: Mapping[str, Any], spec: TokenSpec) -> list[str]:
     if not ids:
         return ["output_empty"]
     finish = record.get("finish_reason")
-    return [*stop_token_problems(ids, finish, spec.stop_ids),
+    return [*stop_token_problems(ids, finish, spec.stop_ids, spec.continuation),
             *tool_token_problems(ids, spec, cut_off=finish in CUT_OFF,
                                  declared_tools=bool(record.get("tools")))]

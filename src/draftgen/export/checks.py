@@ -85,4 +85,5 @@ def audit_problems(record: dict[str, Any], stop: int | TokenSpec | None) -> list
     if stop is None or not ids:
         return problems
     spec = stop if isinstance(stop, TokenSpec) else TokenSpec.of_stop(stop)
-    return [*problems, *stop_token_problems(ids, record.get("finish_reason"), spec.stop_ids)]
+    return [*problems, *stop_token_problems(ids, record.get("finish_reason"), spec.stop_ids,
+                                            spec.continuation)]

@@ -105,6 +105,9 @@ class Format(ABC):
     they appear inside reasoning or content."""
     extra_stop_tokens: ClassVar[tuple[str, ...]] = ()
     """Other tokens that end an answer (gpt-oss ends a tool call with `<|call|>`)."""
+    answer_continuation: ClassVar[tuple[str, str] | None] = None
+    """(stop token, next token): a stop token followed by that token inside an answer is not
+    its end (gpt-oss: `<|call|><|start|>` between parallel tool calls)."""
     option_types: ClassVar[Mapping[str, type | tuple[type, ...]]] = {}
     """The options this format accepts (config `model.format_options`) and their types."""
 

@@ -6,23 +6,28 @@ channels, each but the last closed by `<|end|>` and followed by `<|start|>assist
     <|channel|>analysis<|message|>REASONING<|end|>
     <|start|>assistant<|channel|>final<|message|>CONTENT<|return|>
 
-(one line: the break is for reading), or, for a tool call (the model stops at `<|call|>`,
-one call per answer):
+(one line: the break is for reading), or, for a tool call (the model stops at `<|call|>`):
 
     …<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>A<|call|>
 
 Text preceding a tool call is a commentary preamble,
 `<|channel|>commentary<|message|>CONTENT<|end|><|start|>assistant`, flagged `layout_uncertain`
-(a server may also have returned it from the analysis channel). Several tool calls are
-chained the same way and flagged `multiple_tool_calls`: the model emits one per answer.
+(a server may also have returned it from the analysis channel). Several tool calls each end with
+`<|call|>`, the next following `<|start|>assistant` (as openai-harmony renders them), flagged
+`multiple_tool_calls`: the model emits one per answer.
 
-Prompts: when the tokenizer folder carries the model's chat template, it renders them (exact by
-construction), with the format options `reasoning_effort` (default "medium"), `model_identity`
-and `current_date` (YYYY-MM-DD; default today, as the template's `strftime_now`). Without a
-template the harmony prompt is written in Python as that template writes it: the system message
-(identity, knowledge cutoff, date, reasoning effort, valid channels), the developer message
-(the first system/developer message as instructions, the tools as a TypeScript namespace) and
-the turns; tool parameters that are nested objects or `oneOf` unions need the template.
+Prompts (format option `renderer`):
+- "harmony" (default): as vLLM renders them (`formats.harmony`: openai-harmony renders the
+  system and developer messages, the turns follow its layout), with the options
+  `reasoning_effort` (default "medium"), `model_identity`, `current_date` (YYYY-MM-DD; default
+  today), `history_constrain` (past tool calls as `<|constrain|>json`, as the model emits
+  them, instead of vLLM's `json`) and `history_reasoning` ("drop_answered": the reasoning
+  before the last final answer is dropped; "current_turn": only the current turn's).
+- "hf_template": the model's Hugging Face chat template (what SGLang's and llama.cpp's chat
+  endpoints render): the template in the tokenizer folder when there is one, else that
+  template written in Python here (tool parameters that are nested objects or `oneOf` unions
+  need the template).
+See docs/formats.md for the evidence.
 """
 
 from __future__ import annotations
@@ -43,19 +48,28 @@ from draftgen.formats.common import (
     text_field,
     tojson,
 )
+from draftgen.formats.harmony import (
+    CALL,
+    CHANNEL,
+    EFFORTS,
+    END,
+    HISTORY_REASONING,
+    MESSAGE,
+    START,
+    render_prompt,
+)
 from draftgen.tokenize import Tokenizer
 from draftgen.types import Message, Tool
 
-START = "<|start|>"
-END = "<|end|>"
-MESSAGE = "<|message|>"
-CHANNEL = "<|channel|>"
 RETURN = "<|return|>"
-CALL = "<|call|>"
 CONSTRAIN = "<|constrain|>"
 
 NEXT = END + START + "assistant"
 """Between two messages of one answer."""
+NEXT_CALL = CALL + START + "assistant"
+"""Between a tool call and the next message of one answer (several parallel calls)."""
+_SEPARATOR = re.compile(f"(?:{re.escape(END)}|{re.escape(CALL)}){re.escape(START)}assistant")
+RENDERERS = ("harmony", "hf_template")
 DEFAULT_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 KNOWLEDGE_CUTOFF = "2024-06"
 CHANNELS_LINE = (
@@ -74,6 +88,7 @@ class GptOss(Format):
     name = "gpt-oss"
     stop_token: ClassVar[str] = RETURN
     extra_stop_tokens: ClassVar[tuple[str, ...]] = (CALL,)
+    answer_continuation: ClassVar[tuple[str, str] | None] = (CALL, START)
     end_think_token: ClassVar[str | None] = END
     """The analysis message (the reasoning) ends with `<|end|>`."""
     tool_tokens: ClassVar[tuple[str, ...]] = (CONSTRAIN,)
@@ -82,6 +97,9 @@ class GptOss(Format):
         "reasoning_effort": str,
         "model_identity": str,
         "current_date": str,
+        "renderer": str,
+        "history_constrain": bool,
+        "history_reasoning": str,
     }
 
     def __init__(self, tokenizer: Tokenizer, options: Mapping[str, Any] | None = None) -> None:
@@ -93,7 +111,21 @@ class GptOss(Format):
             self._today = datetime.strptime(date, "%Y-%m-%d") if date else None
         except ValueError:
             raise FormatError(f"gpt-oss: current_date must be YYYY-MM-DD, got {date!r}") from None
-        self.template = ChatTemplate.from_folder(tokenizer_folder(tokenizer), self._now)
+        self.renderer = self.options.get("renderer", "harmony")
+        if self.renderer not in RENDERERS:
+            raise FormatError(f"gpt-oss: format option renderer must be one of "
+                              f"{', '.join(RENDERERS)}, got {self.renderer!r}")
+        if self.renderer == "harmony" and self.effort not in EFFORTS:
+            raise FormatError(f"gpt-oss: reasoning_effort must be one of "
+                              f"{', '.join(EFFORTS)}, got {self.effort!r}")
+        self.history_reasoning = self.options.get("history_reasoning", "drop_answered")
+        if self.history_reasoning not in HISTORY_REASONING:
+            raise FormatError(f"gpt-oss: history_reasoning must be one of "
+                              f"{', '.join(HISTORY_REASONING)}, got {self.history_reasoning!r}")
+        self.call_content_type = (CONSTRAIN + "json" if self.options.get("history_constrain")
+                                  else "json")
+        self.template = (ChatTemplate.from_folder(tokenizer_folder(tokenizer), self._now)
+                         if self.renderer == "hf_template" else None)
 
     def _now(self) -> datetime:
         return self._today or datetime.now()
@@ -103,6 +135,11 @@ class GptOss(Format):
     def prompt_text(self, messages: Sequence[Message], tools: Sequence[Tool] | None) -> str:
         if not messages:
             raise FormatError("gpt-oss: a prompt needs at least one message")
+        if self.renderer == "harmony":
+            return render_prompt(
+                messages, tools, effort=self.effort, date=f"{self._now():%Y-%m-%d}",
+                identity=self.identity, call_content_type=self.call_content_type,
+                history_reasoning=self.history_reasoning)
         if self.template is not None:
             extra = {"model_identity": self.identity} if self.identity else {}
             return self.template.render(messages, tools, add_generation_prompt=True,
@@ -152,7 +189,7 @@ class GptOss(Format):
                 messages.append(f"{CHANNEL}commentary{MESSAGE}{content}")
             if len(calls) > 1:
                 flags.append("multiple_tool_calls")
-            messages.extend(self._call_message(c) for c in calls)
+            messages.append(NEXT_CALL.join(self._call_message(c) for c in calls))
             stop = CALL
         elif content or finished:
             messages.append(f"{CHANNEL}final{MESSAGE}{content or ''}")
@@ -174,7 +211,7 @@ class GptOss(Format):
         reasoning: str | None = None
         content: str | None = None
         calls: list[ToolCall] = []
-        for message in body.split(NEXT):
+        for message in _SEPARATOR.split(body):
             header, sep, payload = message.removeprefix(CHANNEL).partition(MESSAGE)
             m = _CALL_HEADER.match(header)
             if not message.startswith(CHANNEL) or not sep:
