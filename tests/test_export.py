@@ -264,8 +264,9 @@ def test_specforge_writes_pretokenized_and_conversations(run_dir: Path, tmp_path
         assert answer["content"] == rec["content"]
         assert answer["reasoning_content"] == rec["reasoning"]
         assert answer.get("tool_calls") == rec["tool_calls"]
-        assert conv.get("tools") == rec.get("tools")
-    assert any("tools" in c for c in convs)
+        assert conv["tools"] == (rec.get("tools") or [])
+    assert any(c["tools"] for c in convs)
+    assert any(not c["tools"] for c in convs)
 
 
 def test_parquet_flat_table(run_dir: Path, tmp_path: Path) -> None:

@@ -129,10 +129,10 @@ def conversation_row(row: TrainRow) -> dict[str, Any]:
         answer["reasoning_content"] = rec["reasoning"]
     if rec.get("tool_calls"):
         answer["tool_calls"] = rec["tool_calls"]
-    out: dict[str, Any] = {"id": row.id, "conversations": [*(rec.get("messages") or []), answer]}
-    if rec.get("tools"):
-        out["tools"] = rec["tools"]
-    return out
+    # `tools` on every row: SpecForge's offline reader (Dataset.from_generator) drops the
+    # column when the first rows lack it.
+    return {"id": row.id, "conversations": [*(rec.get("messages") or []), answer],
+            "tools": rec.get("tools") or []}
 
 
 def flat_row(row: TrainRow) -> dict[str, Any]:

@@ -1,0 +1,144 @@
+"""What `--format specforge` needs beyond the rows: SpecForge chat templates that match
+draftgen's formats, the check of which rows keep exact IDs through each text route, and a
+launcher that registers the templates before running a SpecForge script.
+
+SpecForge (0.2.0) has three data paths for EAGLE-3:
+
+* online `data.prompts_path`: pre-tokenized JSONL (`pretokenized.jsonl`), exact by construction;
+* online `data.train_data_path` + `is_preformatted: true`: a `text` column (`text.jsonl`, the
+  decoded IDs) that SpecForge re-tokenizes: exact where decode → encode gives the IDs back;
+* offline `scripts/prepare_hidden_states.py --data-path`: only `conversations` (+ `tools`) are
+  read (its generator drops every other column, `text` too), rendered with the target's chat
+  template and re-tokenized: exact where that rendering is the run's prompt plus the canonical
+  answer text. Its template then adds one token after the stop token (Qwen3: `\\n` after
+  `<|im_end|>`), which the offline dataset's last-position mask zeroes.
+
+`python -m draftgen.export.specforge SCRIPT ARGS...` (also under `torchrun -m`) registers the
+`draftgen-*` templates and runs SCRIPT, so `--chat-template draftgen-qwen3` is known to it.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from draftgen.formats import Format
+from draftgen.tokenize import Tokenizer
+
+IM_START_USER = "<|im_start|>user\n"
+
+
+@dataclass(frozen=True)
+class SpecForgeTemplate:
+    """A SpecForge `ChatTemplate` whose loss-mask spans are draftgen's answers."""
+
+    name: str
+    assistant_header: str
+    """The tail of the generation prompt: the answer (loss mask 1) starts right after it."""
+    end_of_turn_token: str
+    """The stop token: the span ends with it, so the mask covers it as draftgen's does."""
+    user_header: str
+    stock_text: str
+    """The stock SpecForge template whose spans are the same for pre-formatted text (where
+    its system prompt is never used)."""
+    stock_conversations: str | None
+    """A stock template that renders conversations as this one does, if SpecForge has one."""
+
+    def chat_template_fields(self) -> dict[str, Any]:
+        """The keyword arguments of `specforge.data.template.ChatTemplate`. No system prompt:
+        SpecForge would insert it into every conversation that has none, which the run's
+        prompts did not have. The thinking parser keeps `reasoning_content`."""
+        return {
+            "assistant_header": self.assistant_header,
+            "user_header": self.user_header,
+            "system_prompt": None,
+            "end_of_turn_token": self.end_of_turn_token,
+            "parser_type": "thinking",
+            "enable_thinking": True,
+        }
+
+
+TEMPLATES: dict[str, SpecForgeTemplate] = {
+    "qwen3": SpecForgeTemplate(
+        name="draftgen-qwen3",
+        assistant_header="<|im_start|>assistant\n",
+        end_of_turn_token="<|im_end|>",
+        user_header=IM_START_USER,
+        stock_text="qwen3-thinking",
+        stock_conversations=None,
+    ),
+    "qwen3-thinking": SpecForgeTemplate(
+        name="draftgen-qwen3-thinking",
+        assistant_header="<|im_start|>assistant\n<think>\n",
+        end_of_turn_token="<|im_end|>",
+        user_header=IM_START_USER,
+        stock_text="qwen3-next-thinking",
+        stock_conversations="qwen3.5",
+    ),
+}
+"""By draftgen format name. Formats not listed have no checked SpecForge template yet."""
+
+
+def template_for(format_name: str | None) -> SpecForgeTemplate | None:
+    return TEMPLATES.get(format_name or "")
+
+
+def register_templates() -> list[str]:
+    """Register every `draftgen-*` template in SpecForge's TEMPLATE_REGISTRY (idempotent)."""
+    from specforge.data.template import TEMPLATE_REGISTRY, ChatTemplate
+
+    for template in TEMPLATES.values():
+        TEMPLATE_REGISTRY.register(template.name, ChatTemplate(**template.chat_template_fields()),
+                                   override=True)
+    return [t.name for t in TEMPLATES.values()]
+
+
+# ---- which rows keep their IDs through the text routes --------------------------------------
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    text: bool
+    """encode(decode(input_ids)) == input_ids: text.jsonl gives SpecForge these IDs."""
+    conversation: bool
+    """The conversation rendered (prompt + canonical answer) encodes to these IDs."""
+
+
+def round_trip(tokenizer: Tokenizer, fmt: Format | None, record: dict[str, Any],
+               ids: list[int], text: str, cut: bool) -> RoundTrip:
+    """`text` is `tokenizer.decode(ids)`. A row cut at --max-len never round-trips as a
+    conversation (the conversation holds the whole answer)."""
+    text_ok = tokenizer.encode(text) == ids
+    return RoundTrip(text_ok, not cut and fmt is not None
+                     and _conversation_ids(tokenizer, fmt, record) == ids)
+
+
+def _conversation_ids(tokenizer: Tokenizer, fmt: Format, record: dict[str, Any]) -> list[int]:
+    answer = fmt.answer_text(record.get("reasoning"), record.get("content"),
+                             record.get("tool_calls"),
+                             finished=record.get("finish_reason") != "length")
+    prompt = fmt.prompt_text(record.get("messages") or [], record.get("tools") or None)
+    return tokenizer.encode(prompt + answer.text)
+
+
+# ---- the launcher ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in {"-h", "--help"}:
+        print("usage: python -m draftgen.export.specforge SCRIPT [ARGS...]\n"
+              "Registers the SpecForge chat templates "
+              f"{', '.join(t.name for t in TEMPLATES.values())} and runs SCRIPT "
+              "(e.g. SpecForge's scripts/prepare_hidden_states.py) with ARGS.")
+        return 0 if args else 2
+    register_templates()
+    sys.argv = args
+    runpy.run_path(args[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
