@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from draftgen.export.rows import answer_message
 from draftgen.formats import Format
 from draftgen.tokenize import Tokenizer
 
@@ -45,6 +46,8 @@ class SpecForgeTemplate:
     its system prompt is never used)."""
     stock_conversations: str | None
     """A stock template that renders conversations as this one does, if SpecForge has one."""
+    after_answer: str = "\n"
+    """What the target's chat template writes after the stop token of a finished turn."""
 
     def chat_template_fields(self) -> dict[str, Any]:
         """The keyword arguments of `specforge.data.template.ChatTemplate`. No system prompt:
@@ -103,24 +106,34 @@ class RoundTrip:
     text: bool
     """encode(decode(input_ids)) == input_ids: text.jsonl gives SpecForge these IDs."""
     conversation: bool
-    """The conversation rendered (prompt + canonical answer) encodes to these IDs."""
+    """The chat template's rendering of the conversation (prompt messages, then the answer as
+    an assistant message) encodes to these IDs, then the template's `after_answer`."""
 
 
 def round_trip(tokenizer: Tokenizer, fmt: Format | None, record: dict[str, Any],
                ids: list[int], text: str, cut: bool) -> RoundTrip:
     """`text` is `tokenizer.decode(ids)`. A row cut at --max-len never round-trips as a
     conversation (the conversation holds the whole answer)."""
-    text_ok = tokenizer.encode(text) == ids
-    return RoundTrip(text_ok, not cut and fmt is not None
-                     and _conversation_ids(tokenizer, fmt, record) == ids)
+    template = template_for(fmt.name if fmt else None)
+    conversation = (not cut and fmt is not None and template is not None
+                    and _conversation_ids(tokenizer, fmt, template, record) == ids)
+    return RoundTrip(tokenizer.encode(text) == ids, conversation)
 
 
-def _conversation_ids(tokenizer: Tokenizer, fmt: Format, record: dict[str, Any]) -> list[int]:
-    answer = fmt.answer_text(record.get("reasoning"), record.get("content"),
-                             record.get("tool_calls"),
-                             finished=record.get("finish_reason") != "length")
-    prompt = fmt.prompt_text(record.get("messages") or [], record.get("tools") or None)
-    return tokenizer.encode(prompt + answer.text)
+def _conversation_ids(tokenizer: Tokenizer, fmt: Format, template: SpecForgeTemplate,
+                      record: dict[str, Any]) -> list[int] | None:
+    """The IDs SpecForge reads for this conversation, less the template's tail after the
+    answer; None when the rendering does not end with that tail. The format renders the
+    answer as a history turn, as the chat template does (edge newlines of reasoning and
+    content stripped, tool-call separators of its own)."""
+    messages = [*(record.get("messages") or []), answer_message(record)]
+    # prompt_text ends with the generation prompt (the template's assistant header): the
+    # rendering with add_generation_prompt=False is what precedes it.
+    rendered = fmt.prompt_text(messages, record.get("tools") or None)
+    tail = template.after_answer + template.assistant_header
+    if not rendered.endswith(tail):
+        return None
+    return tokenizer.encode(rendered[: -len(tail)])
 
 
 # ---- the launcher ---------------------------------------------------------------------------
