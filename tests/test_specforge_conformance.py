@@ -286,3 +286,70 @@ def test_launcher_registers_the_templates_for_a_script(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ("['--chat-template', 'draftgen-qwen3'] "
                                    "['draftgen-qwen3', 'draftgen-qwen3-thinking']")
+
+
+PREPARE_DATA_STEPS = """
+import argparse, json
+from datasets import Dataset
+from specforge.data.preprocessing import build_eagle3_dataset
+from specforge.utils import load_tokenizer, safe_conversations_generator
+
+# prepare_hidden_states.py's arguments and data steps (its capture needs SGLang and a GPU)
+parser = argparse.ArgumentParser()
+for name in ("--data-path", "--chat-template", "--target-model-path", "--cache-dir",
+             "--output-path"):
+    parser.add_argument(name)
+args = parser.parse_args()
+dataset = Dataset.from_generator(safe_conversations_generator,
+                                 gen_kwargs={"file_path": args.data_path},
+                                 cache_dir=args.cache_dir)
+built = build_eagle3_dataset(dataset=dataset, tokenizer=load_tokenizer(args.target_model_path),
+                             chat_template=args.chat_template, max_length=4096, num_proc=1,
+                             loss_mask_filter=None)
+rows = [{"input_ids": r["input_ids"].tolist(), "loss_mask": r["loss_mask"].tolist(),
+         "attention_mask": r["attention_mask"].tolist()} for r in built]
+json.dump(rows, open(args.output_path, "w"))
+"""
+
+
+def _launch(tmp_path: Path, pretokenized: Path, data: Path, qwen3_dir: Path, result: Path
+            ) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "prepare_data_steps.py"
+    script.write_text(PREPARE_DATA_STEPS)
+    return subprocess.run(
+        [sys.executable, "-m", "draftgen.export.specforge", "--pretokenized", str(pretokenized),
+         str(script), "--data-path", str(data), "--chat-template", "draftgen-qwen3",
+         "--target-model-path", str(qwen3_dir), "--cache-dir", str(tmp_path / "cache"),
+         "--output-path", str(result)], capture_output=True, text=True, timeout=600)
+
+
+def test_offline_capture_gets_exact_ids_from_pretokenized(runs: dict[str, Path], tmp_path: Path,
+                                                          qwen3_dir: Path) -> None:
+    """With --pretokenized, the offline script's dataset holds every recorded row exactly,
+    the sampled non-canonical ones too, shaped as SpecForge's own."""
+    run = runs["engine"]
+    out = _export(run, tmp_path / "out")
+    result = tmp_path / "rows.json"
+    proc = _launch(tmp_path, out / "pretokenized.jsonl", out / "conversations.jsonl",
+                   qwen3_dir, result)
+    assert proc.returncode == 0, proc.stderr
+    rows = orjson.loads(result.read_bytes())
+    got = _unshuffle([(r["input_ids"][0], r["loss_mask"][0]) for r in rows])
+    want = _records_rows(run, [c["id"] for c in _jsonl(out / "conversations.jsonl")])
+    assert got == want
+    assert not all(_conversation_marks(out))  # rows the conversations route cannot keep
+    assert all(r["attention_mask"] == [[1] * len(r["input_ids"][0])] for r in rows)
+
+
+def test_pretokenized_file_of_another_export_is_refused(runs: dict[str, Path],
+                                                        tmp_path: Path, qwen3_dir: Path) -> None:
+    small = _export(runs["thinking"], tmp_path / "small")
+    big = _export(runs["engine"], tmp_path / "big")
+    proc = _launch(tmp_path, small / "pretokenized.jsonl", big / "conversations.jsonl",
+                   qwen3_dir, tmp_path / "r.json")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"error: --pretokenized {small / 'pretokenized.jsonl'}: 10 rows, but --data-path "
+        f"{big / 'conversations.jsonl'} has 40: pass the pretokenized.jsonl exported with "
+        "that file")
+    assert not (tmp_path / "r.json").exists()

@@ -15,6 +15,10 @@ SpecForge (0.2.0) has three data paths for EAGLE-3:
 
 `python -m draftgen.export.specforge SCRIPT ARGS...` (also under `torchrun -m`) registers the
 `draftgen-*` templates and runs SCRIPT, so `--chat-template draftgen-qwen3` is known to it.
+With `--pretokenized FILE` first, SpecForge's `build_eagle3_dataset` (which re-tokenizes the
+conversations) gives FILE's exact rows instead: the offline capture then sees the recorded IDs
+and loss masks. FILE must be the pretokenized.jsonl exported with the conversations.jsonl the
+script reads (same rows, same order; checked by count).
 """
 
 from __future__ import annotations
@@ -139,19 +143,105 @@ def _conversation_ids(tokenizer: Tokenizer, fmt: Format, template: SpecForgeTemp
 # ---- the launcher ---------------------------------------------------------------------------
 
 
+USAGE = """usage: python -m draftgen.export.specforge [--pretokenized FILE] SCRIPT [ARGS...]
+Registers the SpecForge chat templates {names} and runs SCRIPT (e.g. SpecForge's
+scripts/prepare_hidden_states.py) with ARGS. --pretokenized FILE: SpecForge's
+build_eagle3_dataset returns FILE's rows (exact IDs and loss masks) instead of re-tokenizing."""
+
+
+class LauncherError(Exception):
+    """Bad launcher arguments or a pre-tokenized file that does not fit the script's data."""
+
+
+def pretokenized_builder(path: str) -> Any:
+    """A stand-in for `specforge.data.preprocessing.build_eagle3_dataset` that returns the rows
+    of `path` (draftgen's pretokenized.jsonl) shaped as SpecForge's own: `input_ids`,
+    `loss_mask`, `attention_mask` of shape (1, n), torch format, shuffled with its seed, cut to
+    `max_length`, filtered as it filters. The dataset it is handed stands for the same rows
+    (the conversations.jsonl of the same export): only its length is used."""
+    import orjson
+    from datasets import Dataset
+
+    def build(dataset: Any, tokenizer: Any = None, chat_template: str | None = None,
+              max_length: int | None = 2048, shuffle_seed: int | None = 42,
+              num_proc: int | None = 8, cache_dir: str | None = None,
+              cache_key: str | None = None, is_preformatted: bool | None = False,
+              train_only_last_turn: bool | None = False,
+              minimum_valid_tokens: int | None = None,
+              loss_mask_filter: Any = None) -> Any:
+        with open(path, "rb") as f:
+            rows = [orjson.loads(line) for line in f if line.strip()]
+        rows = rows[: len(dataset)]  # the script's --num-samples takes the first rows
+        ids = [[r["input_ids"][:max_length]] for r in rows]
+        masks = [[r["loss_mask"][:max_length]] for r in rows]
+        out = Dataset.from_dict({"input_ids": ids, "loss_mask": masks,
+                                 "attention_mask": [[[1] * len(i[0])] for i in ids]})
+        out = out.shuffle(seed=shuffle_seed)
+        if minimum_valid_tokens is not None:
+            out = out.filter(lambda row: sum(row["loss_mask"][0]) >= minimum_valid_tokens)
+        if loss_mask_filter is not None:
+            out = out.filter(lambda row: loss_mask_filter(row["loss_mask"]))
+        out.set_format(type="torch")
+        return out
+
+    return build
+
+
+def _check_same_rows(pretokenized: str, script_args: list[str]) -> None:
+    """The pre-tokenized file must hold the rows of the script's `--data-path`, in order: an
+    export writes both with the same rows, so equal counts catch a file of another export."""
+    data_path = _option(script_args, "--data-path")
+    if data_path is None:
+        raise LauncherError("--pretokenized: the script's arguments have no --data-path to "
+                            "check it against")
+    counts = {p: _count_lines(p) for p in (pretokenized, data_path)}
+    if counts[pretokenized] != counts[data_path]:
+        raise LauncherError(
+            f"--pretokenized {pretokenized}: {counts[pretokenized]} rows, but --data-path "
+            f"{data_path} has {counts[data_path]}: pass the pretokenized.jsonl exported with "
+            f"that file")
+
+
+def _option(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _count_lines(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError as e:
+        raise LauncherError(f"{path}: cannot be read ({e.strerror})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    pretokenized = None
+    if args[:1] == ["--pretokenized"]:
+        if len(args) < 2:
+            raise LauncherError("--pretokenized needs a FILE")
+        pretokenized, args = args[1], args[2:]
     if not args or args[0] in {"-h", "--help"}:
-        print("usage: python -m draftgen.export.specforge SCRIPT [ARGS...]\n"
-              "Registers the SpecForge chat templates "
-              f"{', '.join(t.name for t in TEMPLATES.values())} and runs SCRIPT "
-              "(e.g. SpecForge's scripts/prepare_hidden_states.py) with ARGS.")
+        print(USAGE.format(names=", ".join(t.name for t in TEMPLATES.values())))
         return 0 if args else 2
     register_templates()
+    if pretokenized is not None:
+        _check_same_rows(pretokenized, args)
+        import specforge.data.preprocessing as preprocessing
+
+        preprocessing.build_eagle3_dataset = pretokenized_builder(pretokenized)
     sys.argv = args
     runpy.run_path(args[0], run_name="__main__")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except LauncherError as e:
+        sys.exit(f"error: {e}")
