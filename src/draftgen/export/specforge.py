@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftgen.export.rows import answer_message
-from draftgen.formats import Format
+from draftgen.formats import Format, FormatError
 from draftgen.tokenize import Tokenizer
 
 IM_START_USER = "<|im_start|>user\n"
@@ -133,7 +133,10 @@ def _conversation_ids(tokenizer: Tokenizer, fmt: Format, template: SpecForgeTemp
     messages = [*(record.get("messages") or []), answer_message(record)]
     # prompt_text ends with the generation prompt (the template's assistant header): the
     # rendering with add_generation_prompt=False is what precedes it.
-    rendered = fmt.prompt_text(messages, record.get("tools") or None)
+    try:
+        rendered = fmt.prompt_text(messages, record.get("tools") or None)
+    except FormatError:  # an answer the template cannot render (the row is not exact)
+        return None
     tail = template.after_answer + template.assistant_header
     if not rendered.endswith(tail):
         return None
