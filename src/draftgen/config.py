@@ -131,6 +131,9 @@ class BackendConfig(_Strict):
     """Retries of one request within one run, on retryable errors."""
     backoff_base_s: float = Field(1.0, gt=0)
     backoff_max_s: float = Field(60.0, gt=0)
+    max_response_mb: float = Field(256.0, gt=0)
+    """The largest answer read from this backend (a body once decompressed, or a stream's
+    bytes in all); a larger one fails its request as `response_too_large`."""
     headers: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
     fleet: FleetConfig | None = None

@@ -188,6 +188,16 @@ class Runner:
     def _rebuild_batch(self, items: list[tuple[RawAnswer, Prompt]]) -> list[Rebuilt]:
         return self.plan.fmt.rebuild_batch([raw for raw, _ in items], [p for _, p in items])
 
+    async def _rebuilt(self, raw: RawAnswer, prompt: Prompt) -> Rebuilt:
+        """The answer's token IDs; an answer the model format cannot lay out is a bad answer
+        (a failed request, billed), not a bug."""
+        try:
+            return await self._rebuild((raw, prompt))
+        except FormatError as e:
+            raise BackendError("bad_response", f"the answer does not fit model format "
+                               f"{self.plan.fmt.name!r}: {e}", retryable=False,
+                               usage=raw.usage) from None
+
     # ---- set-up ------------------------------------------------------------------------
 
     def _resume(self) -> None:
@@ -722,7 +732,7 @@ class Runner:
             raw, retries = await send_with_retries(
                 backend, prompt, input_ids, max_tokens,
                 on_error=lambda e: self._slots.note_result(backend, failed=e.retryable))
-            rebuilt = await self._rebuild((raw, prompt))
+            rebuilt = await self._rebuilt(raw, prompt)
             cost = self._cost(backend, raw.usage.cost, raw.usage.prompt_tokens or len(input_ids),
                               raw.usage.completion_tokens or len(rebuilt.output_ids))
             record = make_record(prompt, input_ids, raw, rebuilt, backend, cost,

@@ -99,6 +99,14 @@ class Backend(ABC):
             await self._session.close()
             self._session = None
 
+    @property
+    def max_response_bytes(self) -> int:
+        return int(self.cfg.max_response_mb * 2**20)
+
+    async def read_body(self, resp: aiohttp.ClientResponse) -> bytes:
+        """`read_capped` by this backend's `max_response_mb`."""
+        return await read_capped(resp, self.max_response_bytes)
+
     def _headers(self) -> dict[str, str]:
         headers = {"User-Agent": "draftgen", **self.cfg.headers}
         if self._api_key:
@@ -143,7 +151,7 @@ class Backend(ABC):
             async with self.session.post(url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
                 note_generation_id(resp.headers)
-                raw = await resp.read()
+                raw = await self.read_body(resp)
                 if resp.status != 200:
                     raise error_from_http(resp.status, raw, resp.headers)
                 return raw, resp.headers
@@ -151,6 +159,29 @@ class Backend(ABC):
             raise
         except Exception as e:
             raise transport_error(e) from None
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body, as long as it is at most `limit` bytes once decompressed; else
+    `too_large` is raised as soon as it passes the limit, having kept no more than that (a
+    2 GB body, or a gzip bomb, fails its request alone instead of the process)."""
+    declared = resp.content_length
+    if declared is not None and declared > limit and "Content-Encoding" not in resp.headers:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    seen = 0
+    async for data in resp.content.iter_any():
+        seen += len(data)
+        if seen > limit:
+            raise too_large(limit)
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def too_large(limit: int) -> BackendError:
+    """An answer (a body, or a stream's bytes in all) over the backend's `max_response_mb`."""
+    return BackendError("response_too_large", f"answer larger than {limit / 2**20:g} MB "
+                        "(max_response_mb): not read further", retryable=False)
 
 
 def transport_error(e: BaseException) -> BackendError:

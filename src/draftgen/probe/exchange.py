@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from draftgen.backends import Backend
-from draftgen.backends.base import error_from_http, transport_error
+from draftgen.backends.base import error_from_http, too_large, transport_error
 from draftgen.backends.openai_chat import OpenAIChatBackend, StreamAccumulator, answer_from_json
 from draftgen.formats import Format, FormatError
 from draftgen.probe.model import RequestKind
@@ -137,9 +137,13 @@ async def _chat_once(backend: OpenAIChatBackend, req: ProbeRequest, max_tokens: 
         async with backend.session.post(backend.url, data=orjson.dumps(body),
                                         headers={"Content-Type": "application/json"}) as resp:
             if resp.status != 200:
-                raise error_from_http(resp.status, await resp.read(), resp.headers)
+                raise error_from_http(resp.status, await backend.read_body(resp), resp.headers)
             acc = _RecordingStream(request_id=resp.headers.get("X-Generation-Id"))
+            limit, seen = backend.max_response_bytes, 0
             async for line in resp.content:
+                seen += len(line)
+                if seen > limit:
+                    raise too_large(limit)
                 if acc.feed_line(line):
                     break
             return acc.finish(), acc.wire
@@ -184,7 +188,7 @@ async def listed_quantizations(backend: Backend) -> dict[str, str]:
         async with backend.session.get(url) as resp:
             if resp.status != 200:
                 return {}
-            listing = orjson.loads(await resp.read())
+            listing = orjson.loads(await backend.read_body(resp))
     except Exception:  # informative only: no listing, no quantization column
         return {}
     data = listing.get("data") if isinstance(listing, dict) else None
