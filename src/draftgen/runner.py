@@ -33,6 +33,7 @@ from draftgen.formats import Format, FormatError, get_format
 from draftgen.perf import tuned_gc
 from draftgen.probe import ProbeOptions, gate_backends
 from draftgen.progress import DatasetCounters, ProgressDisplay, RunCounters
+from draftgen.redact import redact
 from draftgen.scale.leases import (
     POLL_S,
     USD,
@@ -820,7 +821,7 @@ class Runner:
             self.store.append_failure(prompt.dataset, {
                 "id": prompt.id, "dataset": prompt.dataset,
                 "backend": backend.name if backend else None,
-                "kind": kind, "status": status, "message": message,
+                "kind": kind, "status": status, "message": redact(message),
                 "created_at": round(time.time(), 3),
             })
             self._journal("failed", prompt, kind=kind)

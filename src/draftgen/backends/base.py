@@ -16,6 +16,7 @@ import orjson
 
 from draftgen.backends.router import wait_for_fleet
 from draftgen.config import BackendConfig, ModelConfig, Price, SamplingConfig
+from draftgen.redact import keep_secrets, keep_url_secrets, redact
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class Backend(ABC):
         self.model = model
         self.sampling = sampling
         self._api_key = cfg.api_key()
+        keep_secrets(cfg.headers.values())
+        keep_url_secrets(cfg.url)
         self._session: aiohttp.ClientSession | None = None
         self.concurrency = cfg.concurrency
         """Requests in flight at most; a `fleet` backend's is set at start from its workers."""
@@ -199,7 +202,7 @@ def parse_json_body(raw: bytes) -> Any:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        snippet = raw[:200].decode("utf-8", "replace")
+        snippet = redact(raw[:4096].decode("utf-8", "replace"))[:200]
         raise BackendError("bad_response", f"answer is not JSON: {snippet!r}",
                            retryable=True) from None
     if isinstance(data, dict) and data.get("error"):
@@ -269,7 +272,7 @@ def error_from_body(body: Mapping[str, Any], status: int | None,
     effective = status if status and status != 200 else (code if isinstance(code, int) else None)
     metadata = err.get("metadata") if isinstance(err.get("metadata"), dict) else None
     kind, retryable, permanent = classify(effective, metadata)
-    message = str(err.get("message") or "error without message")[:500]
+    message = redact(str(err.get("message") or "error without message"))[:500]
     if metadata and metadata.get("provider_name"):
         message += f" (provider {metadata['provider_name']})"
     if metadata and metadata.get("reason"):
@@ -289,7 +292,8 @@ def error_from_http(status: int, raw: bytes, headers: Mapping[str, str]) -> Back
     if isinstance(body, dict) and "error" in body:
         return error_from_body(body, status, headers)
     kind, retryable, permanent = classify(status, None)
-    snippet = raw[:200].decode("utf-8", "replace").strip()
+    # Redacted before it is cut: a key cut in two would no longer be recognised.
+    snippet = redact(raw[:4096].decode("utf-8", "replace"))[:200].strip()
     return BackendError(
         kind, snippet or f"HTTP {status}", retryable=retryable, status=status,
         retry_after=parse_retry_after(headers.get("Retry-After")),
