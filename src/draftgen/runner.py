@@ -44,7 +44,13 @@ from draftgen.scale.leases import (
     tokens_key,
 )
 from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
-from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
+from draftgen.scheduler import (
+    BackendSlots,
+    NoBackendFits,
+    NoBackendLeft,
+    needs_of,
+    send_with_retries,
+)
 from draftgen.store import RunLayout, RunLock, Store, StoreError, scan_dataset
 from draftgen.store.journal import OpenRequest, read_journal
 from draftgen.store.rescue import Rescued, read_rescued, write_rescue
@@ -182,6 +188,10 @@ class Runner:
         self._bills: dict[str, float] = {}
         """What the endpoint billed for the killed session's requests, by generation ID."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unfit: dict[str, frozenset[str]] = {}
+        """Backend name -> the prompts it must not be sent (the probe's `Gate.unfit`)."""
+        self._unserved: set[str] = set()
+        """Why prompts were left unsent (`_leave_unsent`), each logged once."""
         self._rebuild = OffLoopBatcher(
             self._rebuild_batch, max_batch=128,
             in_thread=lambda: plan.tokenizer.batches_gain_from_a_thread)
@@ -408,6 +418,7 @@ class Runner:
         gate = await gate_backends(self.plan, backends, self.probe, self.store.layout.run_json,
                                    [s.folder / "run.json" for s in self.elsewhere])
         self.ledger.add_spent(gate.cost_usd)
+        self._unfit = gate.unfit
         if gate.refused:
             self._fatal = gate.refused
         return gate.refused is None
@@ -483,7 +494,7 @@ class Runner:
             display = ProgressDisplay(self.counters, live=self.live_display)
             display_task = asyncio.create_task(display.run())
             try:
-                await self._dispatch(BackendSlots(backends))
+                await self._dispatch(BackendSlots(backends, self._unfit))
             except NoBackendLeft as e:
                 if self._budget_stop:
                     log.warning("%s", self._budget_stop)
@@ -551,8 +562,12 @@ class Runner:
                 continue
             item, max_tokens = picked
             dataset = item.dataset
+            assert item.prompt is not None
             try:
-                backend = await slots.acquire()
+                backend = await slots.acquire(needs_of(item.prompt))
+            except NoBackendFits as e:
+                self._leave_unsent(item, str(e))
+                continue
             except NoBackendLeft:
                 self.queues[dataset].appendleft(item)
                 await self._drain()
@@ -578,6 +593,14 @@ class Runner:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         await self._drain()
+
+    def _leave_unsent(self, item: Pending, why: str) -> None:
+        """A prompt no backend left in the run may be sent: not sent, not failed (a later run
+        with a fitting backend answers it); counted as skipped."""
+        self.counters.datasets[item.dataset].skipped += 1
+        if why not in self._unserved:
+            self._unserved.add(why)
+            log.warning("%s: such prompts are left unsent for a later run", why)
 
     def _out_of_space(self) -> bool:
         """The output disk is nearly full (`store.space`): stop sending, as after a write

@@ -1,7 +1,8 @@
 """The probe's requests and how they are sent.
 
-Three small requests per backend: a plain question, one that invites reasoning, and one with a
-tool definition that invites a call. Backends that take the prompt as IDs get it rendered by the
+Five small requests per backend: a plain question, one that invites reasoning, and three with a
+tool definition that invite a call (one alone cannot tell a model that chose not to call from an
+endpoint that ignores tools). Backends that take the prompt as IDs get it rendered by the
 run's own model format; chat backends get the request body the run would send (same reasoning,
 routing and logprobs settings), and the probe keeps the names of the fields the answer used
 (which `RawAnswer` does not record).
@@ -42,11 +43,12 @@ WEATHER_TOOL: dict[str, Any] = {
     },
 }
 
-_QUESTIONS: dict[RequestKind, str] = {
-    "plain": "In one short sentence: what is the capital of France?",
-    "reasoning": "Think it through step by step, then give only the result: what is 17 × 23?",
-    "tool": "What is the weather in Paris right now? Call the get_weather tool to find out.",
-}
+_QUESTIONS: list[tuple[RequestKind, str]] = [
+    ("plain", "In one short sentence: what is the capital of France?"),
+    ("reasoning", "Think it through step by step, then give only the result: what is 17 × 23?"),
+    *(("tool", f"What is the weather in {city} right now? Call the get_weather tool to find "
+       "out.") for city in ("Paris", "Tokyo", "Lima")),
+]
 
 
 @dataclass(frozen=True)
@@ -62,14 +64,16 @@ def probe_requests(fmt: Format) -> tuple[list[ProbeRequest], list[str]]:
     """The requests, and notes on the ones left out (a format without a tool layout)."""
     requests: list[ProbeRequest] = []
     notes: list[str] = []
-    for kind, question in _QUESTIONS.items():
+    for n, (kind, question) in enumerate(_QUESTIONS):
         tools = [WEATHER_TOOL] if kind == "tool" else None
-        prompt = Prompt(f"probe-{kind}", PROBE_DATASET,
+        prompt = Prompt(f"probe-{kind}-{n}", PROBE_DATASET,
                         [{"role": "user", "content": question}], tools)
         try:
             ids = fmt.render_prompt(prompt.messages, prompt.tools)
         except FormatError as e:
-            notes.append(f"{kind} request not sent: {e}")
+            note = f"{kind} request not sent: {e}"
+            if note not in notes:
+                notes.append(note)
             continue
         requests.append(ProbeRequest(kind, prompt, ids))
     return requests, notes

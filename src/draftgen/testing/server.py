@@ -237,6 +237,12 @@ class ServerConfig:
     content. "content": no tool parser: the raw `<tool_call>…</tool_call>` text stays in the
     content (exactly as sampled) and finish_reason is "stop"."""
     tools_supported: bool = True
+    declines_tool_for: str = ""
+    """Set: the model answers a tool request whose last user message holds this text without
+    calling the tool (its own choice: the endpoint passes tools through)."""
+    tool_parser_drops: bool = False
+    """The endpoint's tool parser loses the calls: finish_reason "tool_calls", no
+    `tool_calls`, the tool block gone from the content."""
     """False: the request's `tools` are ignored (a provider that drops them): no tool calls."""
     logprobs_scope: LogprobsScope = "all"
     """What `logprobs: true` covers: every output token ("all"), only the tokens after
@@ -931,6 +937,10 @@ class ChatRequest:
         return tools_supported and bool(self.tools) and _asks_for_tool_call(label)
 
 
+def _declines(config: ServerConfig, label: str) -> bool:
+    return bool(config.declines_tool_for) and config.declines_tool_for in label
+
+
 def _asks_for_tool_call(label: str) -> bool:
     return "weather" in label.lower() or _TOOL_DIRECTIVE in label
 
@@ -1208,7 +1218,7 @@ class _ChatReply:
         message: Json = {"role": "assistant", "content": content}
         for name in _reasoning_fields(self.config, self.req.show_reasoning):
             message[name] = _reasoning_value(name, comp.reasoning)
-        if comp.tool_call is not None:
+        if comp.tool_call is not None and not self.config.tool_parser_drops:
             message["tool_calls"] = [comp.tool_call.as_json()]
         if self.fault in BAD_TOOL_CALLS:
             message["tool_calls"] = BAD_TOOL_CALLS[self.fault]
@@ -1269,6 +1279,8 @@ class _ChatReply:
         choices: list[bytes] = []
         carried = 0
         for piece in self.comp.stream_plan(self.config.stream_tokens_per_chunk):
+            if piece.kind.startswith("tool") and self.config.tool_parser_drops:
+                continue
             delta = _delta(piece, self.comp.tool_call, fields)
             if delta is not None:
                 choices.append(orjson.dumps(self.choice(delta, carried, piece.end)))
@@ -1466,7 +1478,8 @@ class FakeEngine:
             return early
         key = AnswerKey(
             _digest(req.messages, req.seed, self.config.seed),
-            req.wants_tool_call(label, self.config.tools_supported),
+            req.wants_tool_call(label, self.config.tools_supported)
+            and not _declines(self.config, label),
         )
         comp = await self._completion(fault, key, req.max_tokens, self.vocab.stop_ids)
         reply = _ChatReply(self.config, req, ctx, comp, fault)
@@ -1490,9 +1503,8 @@ class FakeEngine:
         early = self._fault_response(fault, False, ctx, label, request)
         if early is not None:
             return early
-        tool = self.config.tools_supported and "<tools>" in prompt_text and _asks_for_tool_call(
-            label
-        )
+        tool = (self.config.tools_supported and "<tools>" in prompt_text
+                and _asks_for_tool_call(label) and not _declines(self.config, label))
         key = AnswerKey(_digest(prompt_ids, params.seed, self.config.seed), tool)
         limit = params.max_new_tokens
         if limit is None:
