@@ -4,8 +4,8 @@ or a URL (failures.jsonl, logs, stderr, run.json, status and report output).
 Three things are redacted wherever they appear in a text:
 
 - every value registered with `keep_secret` (the API keys read from the environment, the
-  configured header values, a URL's password): a server that echoes the request's
-  `Authorization` header in an error body gets the key shown as `***`;
+  values of configured headers named like credentials, a URL's password): a server that
+  echoes the request's `Authorization` header in an error body gets the key shown as `***`;
 - a URL's credentials (`https://user:KEY@host/...` -> `https://***@host/...`);
 - the credentials after `Bearer ` or `Basic ` (a key not registered here, or a URL's user and
   password as HTTP basic auth sends them, still look like one there).
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 REDACTED = "***"
@@ -26,8 +26,10 @@ protect nothing (a key that short is guessed anyway)."""
 
 _SECRETS: set[str] = set()
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"<>]+@")
-_AUTH_SCHEME = re.compile(r"(?i)\b(bearer\s+)[^\s'\",;}\]\\]{6,}|\b(Basic\s+)[A-Za-z0-9+/]{8,}=*")
-"""An Authorization header's credentials (a base64 one for Basic: "Basic idea" is no key)."""
+_AUTH_SCHEME = re.compile(r"\b((?i:bearer)\s+)[^\s'\",;}\]\\]{6,}"
+                          r"|\b(Basic\s+)(?=[A-Za-z0-9+/]\S*[0-9+/=A-Z])[A-Za-z0-9+/]{8,}=*")
+"""An Authorization header's credentials: a bearer token, or base64 after `Basic` (with a
+digit, a capital after the first letter, or +/=: "Basic understanding" is no key)."""
 
 
 def keep_secret(value: str | None) -> None:
@@ -42,6 +44,16 @@ def keep_secret(value: str | None) -> None:
 def keep_secrets(values: Iterable[str | None]) -> None:
     for value in values:
         keep_secret(value)
+
+
+_CREDENTIAL_HEADER = re.compile(r"(?i)auth|key|token|secret|cookie|passw|signature|session")
+"""Header names whose values are credentials. Others (`X-Title`, `HTTP-Referer`) are not
+registered: their values (an app's name) are words that logs and messages may hold."""
+
+
+def keep_header_secrets(headers: Mapping[str, str]) -> None:
+    """The values of the headers named like credentials."""
+    keep_secrets(v for k, v in headers.items() if _CREDENTIAL_HEADER.search(k))
 
 
 def keep_url_secrets(url: str | None) -> None:

@@ -16,7 +16,7 @@ import orjson
 
 from draftgen.backends.router import wait_for_fleet
 from draftgen.config import BackendConfig, ModelConfig, Price, SamplingConfig
-from draftgen.redact import keep_secrets, keep_url_secrets, redact
+from draftgen.redact import keep_header_secrets, keep_url_secrets, redact
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class Backend(ABC):
         self.model = model
         self.sampling = sampling
         self._api_key = cfg.api_key()
-        keep_secrets(cfg.headers.values())
+        keep_header_secrets(cfg.headers)
         keep_url_secrets(cfg.url)
         self._session: aiohttp.ClientSession | None = None
         self.concurrency = cfg.concurrency
