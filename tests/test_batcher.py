@@ -88,7 +88,9 @@ def test_the_loop_runs_between_batches_run_on_it() -> None:
 
 
 @pytest.mark.parametrize("in_thread", [True, False])
-def test_a_failed_batch_fails_its_callers_only(in_thread: bool) -> None:
+def test_a_failed_item_fails_its_caller_only(in_thread: bool) -> None:
+    """The batch with the bad item is run again one item at a time: its neighbours get their
+    results, only the bad item's caller its error."""
     fn = Recorder(fail_on=5)
 
     async def main() -> list[int | str]:
@@ -96,7 +98,8 @@ def test_a_failed_batch_fails_its_callers_only(in_thread: bool) -> None:
                                range(10))
 
     results = asyncio.run(main())
-    assert results == [0, 10, 20, 30, *["ValueError: bad item 5"] * 4, 80, 90]
+    assert results == [0, 10, 20, 30, 40, "ValueError: bad item 5", 60, 70, 80, 90]
+    assert fn.batches == [[0, 1, 2, 3], [4, 5, 6, 7], [4], [5], [6], [7], [8, 9]]
 
 
 def test_fast_encoder_batches_run_on_the_loop_hf_batches_in_a_thread(

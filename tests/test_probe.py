@@ -38,6 +38,8 @@ PLAIN_QUESTION = "In one short sentence: what is the capital of France?"
 SHORT = {"reasoning_tokens": (10, 40), "content_tokens": (5, 30), "edge_whitespace_rate": 0.0}
 """Short answers that finish well within the probe's max_tokens."""
 MAX_TOKENS = 400
+KINDS = ["plain", "reasoning", "tool", "tool", "tool"]
+PROBE_REQUESTS = len(KINDS)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,7 @@ def probe_one(tmp_path: Path, qwen3_dir: Path, fmt: Format, backend_type: str,
     with TestServer(**{**SHORT, **(server or {})}) as s:
         cfg = _config(tmp_path, qwen3_dir, [fast_backend("b", backend_type, s.url, **backend)])
         [result] = asyncio.run(probe_config(cfg, fmt, ProbeOptions(max_tokens=MAX_TOKENS)))
-    assert [a.kind for a in result.answers] == ["plain", "reasoning", "tool"]
+    assert [a.kind for a in result.answers] == KINDS
     return result
 
 
@@ -141,7 +143,7 @@ def test_reconstructable_raw_slices(tmp_path: Path, qwen3_dir: Path, qwen3: Form
     assert _all(r, "ids") == {"text"} and _all(r, "logprobs") == {"none"}
     assert _all(r, "whitespace") == {"kept"}
     assert _all(r, "length_delta") == {0}
-    assert row(r)[6] == "3/3 match"
+    assert row(r)[6] == "5/5 match"
 
 
 def test_stripped_whitespace_is_restored(tmp_path: Path, qwen3_dir: Path, qwen3: Format) -> None:
@@ -194,7 +196,7 @@ def test_noncanonical_lengths_without_logprobs_are_unsafe(tmp_path: Path, qwen3_
                   logprobs=False)
     assert r.verdict == "unsafe" and _codes(r) == {"length_mismatch"}
     assert _all(r, "length_delta") == {-1}  # the engine sampled one token more
-    assert "3 of 3" in r.problems[0].message
+    assert "5 of 5" in r.problems[0].message
 
 
 def test_tool_calls_structured_raw_text_and_missing(tmp_path: Path, qwen3_dir: Path,
@@ -223,7 +225,7 @@ def test_no_tool_call_on_an_ids_endpoint_is_the_models_choice(
     """The prompt went as IDs rendered with the tools: no call is the model's own answer."""
     r = probe_one(tmp_path, qwen3_dir, qwen3, "sglang", {"tools_supported": False})
     assert r.verdict == "exact" and _tool(r).tool_calls == "missing"
-    assert any("model's own choice" in w for w in r.warnings)
+    assert any("its own choice" in w for w in r.warnings)
 
 
 def test_logprobs_covering_only_content(tmp_path: Path, qwen3_dir: Path, qwen3: Format) -> None:
@@ -360,7 +362,10 @@ def _run_json(tmp_path: Path) -> dict[str, Any]:
     return orjson.loads((tmp_path / "run" / "run.json").read_bytes())
 
 
-def test_run_drops_a_backend_unsafe_for_tool_datasets(tmp_path: Path, qwen3_dir: Path) -> None:
+def test_a_backend_unsafe_for_tools_serves_the_prompts_without(tmp_path: Path,
+                                                              qwen3_dir: Path) -> None:
+    """The probe finds `notools` unsafe for prompts with tools only: it serves the dataset's
+    prompts without tools, `good` those with tools."""
     data = write_jsonl(tmp_path / "tools.jsonl", _tool_rows(6) + _plain_rows(6))
     with TestServer(**SHORT) as good, TestServer(**SHORT, tools_supported=False) as notools:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
@@ -370,12 +375,17 @@ def test_run_drops_a_backend_unsafe_for_tool_datasets(tmp_path: Path, qwen3_dir:
         result = _run(cfg)
         sent_to_notools = sum(notools.stats["per_prompt"].values())
     assert result.exit_code == 0, result.output
-    assert "left out of this run" in result.output and "datasets needing tools: d" in result.output
+    assert "backend notools serves only prompts without tools" in result.output
+    assert "datasets needing tools: d" in result.output
     records = read_records(tmp_path / "run", "d")
-    assert len(records) == 12 and {r["backend"] for r in records} == {"good"}
-    assert sent_to_notools == 3  # the probe's requests only
+    assert len(records) == 12
+    by_backend = {r["id"].split("/", 1)[1]: r["backend"] for r in records}
+    assert {i for i, b in by_backend.items() if b == "good"} >= {f"t{i}" for i in range(6)}
+    assert {i for i, b in by_backend.items() if b == "notools"} <= {f"p{i}" for i in range(6)}
+    assert sent_to_notools > PROBE_REQUESTS  # the probe's requests, then plain prompts
     probe = _run_json(tmp_path)["probe"]
-    assert probe["last_gate"]["dropped"].keys() == {"notools"}
+    assert probe["last_gate"]["dropped"] == {}
+    assert probe["last_gate"]["unfit"] == {"notools": ["tools"]}
     assert probe["backends"]["notools"]["verdict"] == "unsafe"
 
 
@@ -407,7 +417,7 @@ def test_run_refuses_when_no_backend_is_safe_and_no_probe_skips(tmp_path: Path,
     assert refused.exit_code == 1
     assert "no backend safe for this run, so nothing was sent" in refused.output
     assert "reasoning did not arrive" in refused.output
-    assert sent_after_refusal == 3  # the probe's requests only
+    assert sent_after_refusal == PROBE_REQUESTS  # the probe's requests only
     assert records_after_refusal == []
     assert _run_json(tmp_path)["sessions"][0]["outcome"] == "failed"
     assert skipped.exit_code == 0, skipped.output

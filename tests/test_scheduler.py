@@ -9,7 +9,9 @@ from draftgen.backends import make_backend
 from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
 from draftgen.scheduler import (
     PAUSE_LOG_INTERVAL_S,
+    TOOLS,
     BackendSlots,
+    NoBackendFits,
     NoBackendLeft,
     backoff_delay,
     send_with_retries,
@@ -54,6 +56,19 @@ async def test_disabled_backends_stop_receiving_and_none_left_raises() -> None:
     slots.disable(b, "bad key")
     with pytest.raises(NoBackendLeft, match="out of credits"):
         await slots.acquire()
+
+
+async def test_prompts_go_only_to_backends_fit_for_what_they_need() -> None:
+    """A backend the probe found unsafe for tools takes plain prompts (first, by priority) but
+    never a prompt with tools; with no fitting backend left, such a prompt has none."""
+    unfit, good = _backend("unfit", 4, priority=0), _backend("good", 4, priority=1)
+    slots = BackendSlots([unfit, good], {"unfit": TOOLS})
+    assert (await slots.acquire()).name == "unfit"
+    assert [(await slots.acquire(TOOLS)).name for _ in range(2)] == ["good", "good"]
+    slots.disable(good, "bad key")
+    with pytest.raises(NoBackendFits, match="unfit unsafe"):
+        await slots.acquire(TOOLS)
+    assert (await slots.acquire()).name == "unfit"
 
 
 def test_a_pause_that_comes_and_goes_is_logged_once_a_minute(

@@ -262,8 +262,11 @@ def test_typed_reading_matches_the_generic_one(odd: float) -> None:
         for _ in range(3):
             cuts = _cuts(rng, len(stream))
             assert _fed(stream, cuts) == want, (stream, cuts)
-    # Answers each time; the odd events give crashes and errors of many kinds.
-    assert outcomes[("answer",)] > (200 if not odd else 20), outcomes
+    # Answers each time (or, where the tool-call deltas never named the function, a bad
+    # response); the odd events give crashes and errors of many kinds.
+    unnamed = sum(n for key, n in outcomes.items()
+                  if key[:2] == ("error", "bad_response") and "function.name" in key[2])
+    assert outcomes[("answer",)] + unnamed > (200 if not odd else 20), outcomes
     if odd:
         assert outcomes[("crash",)] and len(outcomes) > 8, outcomes
 

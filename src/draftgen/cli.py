@@ -23,6 +23,7 @@ import typer
 
 from draftgen.export.options import ExportFormat, MinCheck, Overlong
 from draftgen.probe.options import DEFAULT_MAX_TOKENS, ProbeOptions
+from draftgen.redact import RedactingFilter, redact
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -76,6 +77,7 @@ def _setup_logging(verbose: bool) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
                                                "%H:%M:%S"))
+    handler.addFilter(RedactingFilter())
     root = logging.getLogger("draftgen")
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -83,7 +85,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    _stderr().print(f"[bold red]error:[/] {message}", highlight=False)
+    _stderr().print(f"[bold red]error:[/] {redact(message)}", highlight=False)
     return typer.Exit(code)
 
 
@@ -125,7 +127,7 @@ def _print_plan(plan: Plan) -> None:
         if ds.load.bad_rows > 10:
             out.print(f"  … and {ds.load.bad_rows - 10:,} more bad rows in {ds.name}")
     for b in plan.cfg.backends:
-        where = b.url or f"managed llama-server for {b.model}"
+        where = redact(b.url) if b.url else f"managed llama-server for {b.model}"
         out.print(f"backend {b.name}: {b.type} {where} · concurrency {b.concurrency} · "
                   f"priority {b.priority}", highlight=False)
 
@@ -205,7 +207,7 @@ def run(
             f"{t.pending:,} pending, {t.output_tokens:,} output tokens, ${t.cost:.4f} "
             f"{where}", highlight=False)
     if outcome.message:
-        _stderr().print(outcome.message, highlight=False)
+        _stderr().print(redact(outcome.message), highlight=False)
     raise typer.Exit(outcome.exit_code)
 
 

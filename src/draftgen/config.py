@@ -10,10 +10,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from draftgen.assets import resolve_builtin
+from draftgen.redact import REDACTED, keep_secret, redact_value
 from draftgen.scale.folders import SHARDS_DIR
 
 BackendType = Literal["openai", "openrouter", "vllm", "sglang", "llamacpp"]
-REDACTED = "***"
 RESERVED_FOLDERS = frozenset({SHARDS_DIR})
 """Folders of a run folder that are not datasets: no dataset may take their names."""
 
@@ -131,6 +131,9 @@ class BackendConfig(_Strict):
     """Retries of one request within one run, on retryable errors."""
     backoff_base_s: float = Field(1.0, gt=0)
     backoff_max_s: float = Field(60.0, gt=0)
+    max_response_mb: float = Field(256.0, gt=0)
+    """The largest answer read from this backend (a body once decompressed, or a stream's
+    bytes in all); a larger one fails its request as `response_too_large`."""
     headers: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
     fleet: FleetConfig | None = None
@@ -196,6 +199,7 @@ class BackendConfig(_Strict):
                 f"backend {self.name!r}: environment variable {self.api_key_env} "
                 "(api_key_env) is not set"
             )
+        keep_secret(key)
         return key
 
 
@@ -267,11 +271,12 @@ class RunConfig(_Strict):
         return self
 
     def redacted(self) -> dict[str, Any]:
-        """The config as stored in run.json: header values and anything key-like removed."""
+        """The config as stored in run.json: header values, URL credentials and anything
+        key-like removed."""
         data = self.model_dump(mode="json")
         for backend in data["backends"]:
             backend["headers"] = {k: REDACTED for k in backend["headers"]}
-        return data
+        return redact_value(data)
 
 
 def _format_validation_error(path: Path, err: ValidationError) -> str:

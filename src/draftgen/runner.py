@@ -33,6 +33,7 @@ from draftgen.formats import Format, FormatError, get_format
 from draftgen.perf import tuned_gc
 from draftgen.probe import ProbeOptions, gate_backends
 from draftgen.progress import DatasetCounters, ProgressDisplay, RunCounters
+from draftgen.redact import redact
 from draftgen.scale.leases import (
     POLL_S,
     USD,
@@ -43,7 +44,13 @@ from draftgen.scale.leases import (
     tokens_key,
 )
 from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
-from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
+from draftgen.scheduler import (
+    BackendSlots,
+    NoBackendFits,
+    NoBackendLeft,
+    needs_of,
+    send_with_retries,
+)
 from draftgen.store import RunLayout, RunLock, Store, StoreError, scan_dataset
 from draftgen.store.journal import OpenRequest, read_journal
 from draftgen.store.rescue import Rescued, read_rescued, write_rescue
@@ -181,12 +188,26 @@ class Runner:
         self._bills: dict[str, float] = {}
         """What the endpoint billed for the killed session's requests, by generation ID."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unfit: dict[str, frozenset[str]] = {}
+        """Backend name -> the prompts it must not be sent (the probe's `Gate.unfit`)."""
+        self._unserved: set[str] = set()
+        """Why prompts were left unsent (`_leave_unsent`), each logged once."""
         self._rebuild = OffLoopBatcher(
             self._rebuild_batch, max_batch=128,
             in_thread=lambda: plan.tokenizer.batches_gain_from_a_thread)
 
     def _rebuild_batch(self, items: list[tuple[RawAnswer, Prompt]]) -> list[Rebuilt]:
         return self.plan.fmt.rebuild_batch([raw for raw, _ in items], [p for _, p in items])
+
+    async def _rebuilt(self, raw: RawAnswer, prompt: Prompt) -> Rebuilt:
+        """The answer's token IDs; an answer the model format cannot lay out is a bad answer
+        (a failed request, billed), not a bug."""
+        try:
+            return await self._rebuild((raw, prompt))
+        except FormatError as e:
+            raise BackendError("bad_response", f"the answer does not fit model format "
+                               f"{self.plan.fmt.name!r}: {e}", retryable=False,
+                               usage=raw.usage) from None
 
     # ---- set-up ------------------------------------------------------------------------
 
@@ -397,6 +418,7 @@ class Runner:
         gate = await gate_backends(self.plan, backends, self.probe, self.store.layout.run_json,
                                    [s.folder / "run.json" for s in self.elsewhere])
         self.ledger.add_spent(gate.cost_usd)
+        self._unfit = gate.unfit
         if gate.refused:
             self._fatal = gate.refused
         return gate.refused is None
@@ -472,7 +494,7 @@ class Runner:
             display = ProgressDisplay(self.counters, live=self.live_display)
             display_task = asyncio.create_task(display.run())
             try:
-                await self._dispatch(BackendSlots(backends))
+                await self._dispatch(BackendSlots(backends, self._unfit))
             except NoBackendLeft as e:
                 if self._budget_stop:
                     log.warning("%s", self._budget_stop)
@@ -540,8 +562,12 @@ class Runner:
                 continue
             item, max_tokens = picked
             dataset = item.dataset
+            assert item.prompt is not None
             try:
-                backend = await slots.acquire()
+                backend = await slots.acquire(needs_of(item.prompt))
+            except NoBackendFits as e:
+                self._leave_unsent(item, str(e))
+                continue
             except NoBackendLeft:
                 self.queues[dataset].appendleft(item)
                 await self._drain()
@@ -567,6 +593,14 @@ class Runner:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         await self._drain()
+
+    def _leave_unsent(self, item: Pending, why: str) -> None:
+        """A prompt no backend left in the run may be sent: not sent, not failed (a later run
+        with a fitting backend answers it); counted as skipped."""
+        self.counters.datasets[item.dataset].skipped += 1
+        if why not in self._unserved:
+            self._unserved.add(why)
+            log.warning("%s: such prompts are left unsent for a later run", why)
 
     def _out_of_space(self) -> bool:
         """The output disk is nearly full (`store.space`): stop sending, as after a write
@@ -722,7 +756,7 @@ class Runner:
             raw, retries = await send_with_retries(
                 backend, prompt, input_ids, max_tokens,
                 on_error=lambda e: self._slots.note_result(backend, failed=e.retryable))
-            rebuilt = await self._rebuild((raw, prompt))
+            rebuilt = await self._rebuilt(raw, prompt)
             cost = self._cost(backend, raw.usage.cost, raw.usage.prompt_tokens or len(input_ids),
                               raw.usage.completion_tokens or len(rebuilt.output_ids))
             record = make_record(prompt, input_ids, raw, rebuilt, backend, cost,
@@ -810,7 +844,7 @@ class Runner:
             self.store.append_failure(prompt.dataset, {
                 "id": prompt.id, "dataset": prompt.dataset,
                 "backend": backend.name if backend else None,
-                "kind": kind, "status": status, "message": message,
+                "kind": kind, "status": status, "message": redact(message),
                 "created_at": round(time.time(), 3),
             })
             self._journal("failed", prompt, kind=kind)

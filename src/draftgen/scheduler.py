@@ -15,7 +15,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from draftgen.backends import Backend
@@ -29,6 +29,20 @@ class NoBackendLeft(Exception):
     """Every backend was taken out of the run (bad key, out of credits, ...)."""
 
 
+class NoBackendFits(Exception):
+    """No backend left in the run may be sent a prompt with these needs (the probe found
+    every one that is left unsafe for prompts with tools)."""
+
+
+TOOLS = frozenset({"tools"})
+NO_NEEDS: frozenset[str] = frozenset()
+
+
+def needs_of(prompt: Prompt) -> frozenset[str]:
+    """What a prompt needs from a backend beyond plain answers (the probe's problem scopes)."""
+    return TOOLS if prompt.tools else NO_NEEDS
+
+
 @dataclass
 class BackendState:
     backend: Backend
@@ -37,6 +51,8 @@ class BackendState:
     paused_until: float = 0.0
     pause_reason: str | None = None
     consecutive_failures: int = 0
+    unfit: frozenset[str] = NO_NEEDS
+    """Needs this backend must not be sent (`needs_of`)."""
     last_logged_pause: tuple[str, float] = ("", -math.inf)
     """The last pause reason logged and when: a pause that comes and goes with every settled
     request (a budget that is nearly spent) is logged once a minute, not each time."""
@@ -51,8 +67,11 @@ class BackendState:
 
 
 class BackendSlots:
-    def __init__(self, backends: Sequence[Backend]) -> None:
-        self.states = {b.name: BackendState(b) for b in backends}
+    def __init__(self, backends: Sequence[Backend],
+                 unfit: Mapping[str, frozenset[str]] | None = None) -> None:
+        """`unfit`: backend name -> the needs it must not be sent (from the probe)."""
+        self.states = {b.name: BackendState(b, unfit=(unfit or {}).get(b.name, NO_NEEDS))
+                       for b in backends}
         self._by_priority = sorted(self.states.values(), key=lambda s: s.backend.cfg.priority)
         self._changed = asyncio.Event()
 
@@ -60,10 +79,12 @@ class BackendSlots:
     def in_flight(self) -> int:
         return sum(s.in_flight for s in self.states.values())
 
-    def _pick(self) -> BackendState | None:
+    def _pick(self, needs: frozenset[str]) -> BackendState | None:
         best: BackendState | None = None
         now = time.monotonic()
         for state in self._by_priority:
+            if state.unfit & needs:
+                continue
             if best is not None and state.backend.cfg.priority > best.backend.cfg.priority:
                 break
             if state.free(now) and (best is None
@@ -72,15 +93,21 @@ class BackendSlots:
                 best = state
         return best
 
-    async def acquire(self) -> Backend:
+    async def acquire(self, needs: frozenset[str] = NO_NEEDS) -> Backend:
+        """A backend for a prompt with these `needs`, waiting for a free one."""
         while True:
-            state = self._pick()
+            state = self._pick(needs)
             if state is not None:
                 state.in_flight += 1
                 return state.backend
             if all(s.disabled_reason for s in self.states.values()):
                 reasons = "; ".join(f"{n}: {s.disabled_reason}" for n, s in self.states.items())
                 raise NoBackendLeft(f"no backend left to send to ({reasons})")
+            if all(s.disabled_reason or s.unfit & needs for s in self.states.values()):
+                unfit = ", ".join(sorted(n for n, s in self.states.items()
+                                         if s.unfit & needs and not s.disabled_reason))
+                raise NoBackendFits(f"no backend left for prompts with {'/'.join(sorted(needs))}"
+                                    f" (the probe found {unfit} unsafe for them)")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), self._next_unpause())

@@ -862,16 +862,28 @@ class OffLoopBatcher(Generic[T, R]):
                 items = [item for item, _ in batch]
                 try:
                     results = await self._run(loop, items)
-                except Exception as e:  # deliver the failure to every caller of the batch
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(e)
+                except Exception:  # one bad item must not fail its neighbours
+                    await self._run_alone(loop, batch)
                     continue
                 for (_, fut), res in zip(batch, results, strict=True):
                     if not fut.done():
                         fut.set_result(res)
         finally:
             self._running = False
+
+    async def _run_alone(self, loop: asyncio.AbstractEventLoop,
+                         batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        """A batch that failed, run again one item at a time: each caller gets its own item's
+        result or error."""
+        for item, fut in batch:
+            try:
+                result = (await self._run(loop, [item]))[0]
+            except Exception as e:
+                if not fut.done():
+                    fut.set_exception(e)
+                continue
+            if not fut.done():
+                fut.set_result(result)
 
     async def _run(self, loop: asyncio.AbstractEventLoop, items: list[T]) -> Sequence[R]:
         if self._in_thread():

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, overload
 
+from draftgen.redact import redact
+
 Message = dict[str, Any]
 """An OpenAI-style chat message: {"role", "content", optional "reasoning_content", "tool_calls",
 "tool_call_id", "name"}."""
@@ -263,6 +265,7 @@ class BackendError(Exception):
         usage: Usage | None = None,
         permanent_for_backend: bool = False,
     ) -> None:
+        message = redact(message)  # servers echo request headers in error bodies
         super().__init__(message)
         self.kind = kind
         self.message = message

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from draftgen.testing.server import FAULT_KINDS, TestServer
+from draftgen.testing.server import BAD_TOOL_CALLS, FAULT_KINDS, TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
 from tests.reliability.helpers import (
     ServerProcess,
@@ -38,6 +38,8 @@ FAILURE_KINDS = {  # fault kind -> the kind a request failing with it is recorde
     "reset_stream": "connection", "no_done": "incomplete_stream",
     "error_body": "provider_error", "sse_error": "provider_error", "malformed": "bad_response",
     "empty": "empty_answer", "slow": "timeout", "400": "bad_request", "403": "moderation",
+    **dict.fromkeys(BAD_TOOL_CALLS, "bad_response"),
+    "huge_body": "response_too_large", "gzip_bomb": "response_too_large",
 }
 N_PROMPTS = 1500
 TIMEOUT_S = 1.5
@@ -140,10 +142,11 @@ def test_each_fault_until_retries_run_out(tmp_path: Path, qwen3_dir: Path, relia
     rows = [{"id": k, "messages": [{"role": "user", "content": f"Say {k} [[fault:{k}]]"}]}
             for k in kinds] + prompt_rows(20)
     data = write_jsonl(tmp_path / "d.jsonl", rows)
-    with TestServer(mode="openrouter", latency_s=0.01) as server:
+    with TestServer(mode="openrouter", latency_s=0.01, huge_body_mb=24) as server:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("or", "openrouter", server.url, stream=stream, timeout_s=1.0,
-                         max_retries=2, backoff_max_s=1.5, concurrency=32, cooldown_after=1000)],
+                         max_retries=2, backoff_max_s=1.5, concurrency=32, cooldown_after=1000,
+                         max_response_mb=8)],
             datasets=[{"name": "d", "path": str(data)}])
         t0 = time.monotonic()
         outcome = run_config(cfg)

@@ -60,11 +60,11 @@ def test_the_canary_key_appears_nowhere(tmp_path: Path, qwen3_dir: Path, reliabi
     data = write_jsonl(tmp_path / "d.jsonl", rows)
     run_dir = tmp_path / "run"
     outputs: dict[str, subprocess.CompletedProcess[str]] = {}
-    with TestServer(mode="openrouter", api_key=canary, prices=(0.5, 2.5),
+    with TestServer(mode="openrouter", api_key=canary, prices=(0.5, 2.5), huge_body_mb=4,
                     reasoning_tokens=(5, 20), content_tokens=(5, 20)) as paid, \
          TestServer(mode="openrouter", api_key="sk-or-v1-some-other-key") as rejecting:
         keyed = {"api_key_env": "DG_TEST_CANARY_KEY", "max_retries": 1, "timeout_s": 1.0,
-                 "cooldown_after": 1000, "concurrency": 8}
+                 "cooldown_after": 1000, "concurrency": 8, "max_response_mb": 2}
         cfg = write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("rejects", "openrouter", rejecting.url, priority=0, **keyed),
             fast_backend("json", "openrouter", paid.url, priority=1,

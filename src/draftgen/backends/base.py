@@ -16,6 +16,7 @@ import orjson
 
 from draftgen.backends.router import wait_for_fleet
 from draftgen.config import BackendConfig, ModelConfig, Price, SamplingConfig
+from draftgen.redact import keep_header_secrets, keep_url_secrets, redact
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class Backend(ABC):
         self.model = model
         self.sampling = sampling
         self._api_key = cfg.api_key()
+        keep_header_secrets(cfg.headers)
+        keep_url_secrets(cfg.url)
         self._session: aiohttp.ClientSession | None = None
         self.concurrency = cfg.concurrency
         """Requests in flight at most; a `fleet` backend's is set at start from its workers."""
@@ -98,6 +101,14 @@ class Backend(ABC):
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    @property
+    def max_response_bytes(self) -> int:
+        return int(self.cfg.max_response_mb * 2**20)
+
+    async def read_body(self, resp: aiohttp.ClientResponse) -> bytes:
+        """`read_capped` by this backend's `max_response_mb`."""
+        return await read_capped(resp, self.max_response_bytes)
 
     def _headers(self) -> dict[str, str]:
         headers = {"User-Agent": "draftgen", **self.cfg.headers}
@@ -143,7 +154,7 @@ class Backend(ABC):
             async with self.session.post(url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
                 note_generation_id(resp.headers)
-                raw = await resp.read()
+                raw = await self.read_body(resp)
                 if resp.status != 200:
                     raise error_from_http(resp.status, raw, resp.headers)
                 return raw, resp.headers
@@ -151,6 +162,29 @@ class Backend(ABC):
             raise
         except Exception as e:
             raise transport_error(e) from None
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body, as long as it is at most `limit` bytes once decompressed; else
+    `too_large` is raised as soon as it passes the limit, having kept no more than that (a
+    2 GB body, or a gzip bomb, fails its request alone instead of the process)."""
+    declared = resp.content_length
+    if declared is not None and declared > limit and "Content-Encoding" not in resp.headers:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    seen = 0
+    async for data in resp.content.iter_any():
+        seen += len(data)
+        if seen > limit:
+            raise too_large(limit)
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def too_large(limit: int) -> BackendError:
+    """An answer (a body, or a stream's bytes in all) over the backend's `max_response_mb`."""
+    return BackendError("response_too_large", f"answer larger than {limit / 2**20:g} MB "
+                        "(max_response_mb): not read further", retryable=False)
 
 
 def transport_error(e: BaseException) -> BackendError:
@@ -168,7 +202,7 @@ def parse_json_body(raw: bytes) -> Any:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        snippet = raw[:200].decode("utf-8", "replace")
+        snippet = redact(raw[:4096].decode("utf-8", "replace"))[:200]
         raise BackendError("bad_response", f"answer is not JSON: {snippet!r}",
                            retryable=True) from None
     if isinstance(data, dict) and data.get("error"):
@@ -238,7 +272,7 @@ def error_from_body(body: Mapping[str, Any], status: int | None,
     effective = status if status and status != 200 else (code if isinstance(code, int) else None)
     metadata = err.get("metadata") if isinstance(err.get("metadata"), dict) else None
     kind, retryable, permanent = classify(effective, metadata)
-    message = str(err.get("message") or "error without message")[:500]
+    message = redact(str(err.get("message") or "error without message"))[:500]
     if metadata and metadata.get("provider_name"):
         message += f" (provider {metadata['provider_name']})"
     if metadata and metadata.get("reason"):
@@ -258,7 +292,8 @@ def error_from_http(status: int, raw: bytes, headers: Mapping[str, str]) -> Back
     if isinstance(body, dict) and "error" in body:
         return error_from_body(body, status, headers)
     kind, retryable, permanent = classify(status, None)
-    snippet = raw[:200].decode("utf-8", "replace").strip()
+    # Redacted before it is cut: a key cut in two would no longer be recognised.
+    snippet = redact(raw[:4096].decode("utf-8", "replace"))[:200].strip()
     return BackendError(
         kind, snippet or f"HTTP {status}", retryable=retryable, status=status,
         retry_after=parse_retry_after(headers.get("Retry-After")),

@@ -33,6 +33,7 @@ from draftgen.backends.base import (
     note_generation_id,
     parse_json_body,
     parse_usage,
+    too_large,
     transport_error,
 )
 from draftgen.config import Price
@@ -74,7 +75,7 @@ class OpenAIChatBackend(Backend):
             async with self.session.get(url, params={"id": generation_id}) as resp:
                 if resp.status != 200:
                     return None
-                data = orjson.loads(await resp.read()).get("data")
+                data = orjson.loads(await self.read_body(resp)).get("data")
         except Exception:  # unknown stays unknown: the caller keeps the worst case
             return None
         cost = data.get("total_cost") if isinstance(data, dict) else None
@@ -90,7 +91,7 @@ class OpenAIChatBackend(Backend):
             async with self.session.get(url) as resp:
                 if resp.status != 200:
                     return None
-                listing = orjson.loads(await resp.read())
+                listing = orjson.loads(await self.read_body(resp))
         except Exception:  # no listing: the caller decides whether that is fatal
             return None
         return price_from_listing(listing, self.model.name)
@@ -138,16 +139,21 @@ class OpenAIChatBackend(Backend):
             async with self.session.post(self.url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
                 if resp.status != 200:
-                    raise error_from_http(resp.status, await resp.read(), resp.headers)
+                    raise error_from_http(resp.status, await self.read_body(resp), resp.headers)
                 note_generation_id(resp.headers)
                 if resp.content_type == "application/json":
                     # Not a stream: an error body sent with 200, or a server that ignores
                     # "stream": read it as the JSON answer it is.
-                    return answer_from_body(await resp.read(), resp.headers, self._spellings)
+                    return answer_from_body(await self.read_body(resp), resp.headers,
+                                            self._spellings)
                 acc = StreamAccumulator(request_id=resp.headers.get("X-Generation-Id"))
+                limit, seen = self.max_response_bytes, 0
                 # Whatever arrived, split into lines here: an await per network read instead
                 # of one per SSE line (about 3x less event-loop time per streamed answer).
                 async for data in resp.content.iter_any():
+                    seen += len(data)
+                    if seen > limit:
+                        raise too_large(limit)
                     if acc.feed(data):
                         break
                 else:
@@ -340,6 +346,10 @@ def _bad_bytes(content: list[Any], entry: Any) -> BackendError:
                         "values", retryable=True)
 
 
+def _bad_delta(problem: str) -> BackendError:
+    return BackendError("bad_response", f"stream: {problem}", retryable=True)
+
+
 def _check_finish(finish_reason: Any, error: Any) -> None:
     """`finish_reason: "error"`: raise the choice's `error`."""
     if finish_reason == "error":
@@ -370,7 +380,7 @@ def answer_from_json(data: Any, headers: Mapping[str, str]) -> RawAnswer:
         prompt_ids=data.get("prompt_token_ids"),
         logprobs=_logprobs_of(choice),
     )
-    check_not_empty(answer)
+    check_answer(answer)
     return answer
 
 
@@ -405,14 +415,50 @@ def answer_from_body(raw: bytes, headers: Mapping[str, str],
         prompt_ids=body.prompt_token_ids,
         logprobs=logprobs,
     )
-    check_not_empty(answer)
+    check_answer(answer)
     return answer
 
 
-def check_not_empty(answer: RawAnswer) -> None:
+def check_answer(answer: RawAnswer) -> None:
+    """An answer with nothing in it, or with tool calls no model format can lay out, is a
+    failed request (billed by its usage), not an answer: it fails alone, before the batch of
+    answers it would be rebuilt with."""
     if not (answer.reasoning or answer.content or answer.tool_calls or answer.output_ids):
         raise BackendError("empty_answer", "answer has no reasoning, content or tool calls",
                            retryable=True, usage=answer.usage)
+    problem = tool_calls_problem(answer.tool_calls)
+    if problem is not None:
+        raise BackendError("bad_response", problem, retryable=True, usage=answer.usage)
+
+
+def tool_calls_problem(calls: Any) -> str | None:
+    """Why a message's `tool_calls` cannot be the model's tool calls; None when absent, or a
+    list of objects whose `function` object has a `name` (a non-empty string). Arguments are
+    not judged: the formats lay out any (the probe reports ones that are not JSON objects)."""
+    if calls is None:
+        return None
+    if not isinstance(calls, list):
+        return f"tool_calls is {_json_kind(calls)}, not a list"
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict):
+            return f"tool_calls[{i}] is {_json_kind(call)}, not an object"
+        function = call.get("function")
+        if not isinstance(function, dict):
+            return f"tool_calls[{i}] has no function object"
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            return f"tool_calls[{i}].function.name is {_json_kind(name)}, not a function name"
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return "an empty string" if not value else "a string"
+    names = {bool: "a boolean", int: "a number", float: "a number", list: "a list",
+             dict: "an object"}
+    return names.get(type(value), type(value).__name__)
 
 
 _CHUNK_FIELDS = ("id", "model", "provider", "usage")
@@ -582,18 +628,25 @@ class StreamAccumulator:
             self.finish_reason = finish_reason
             _check_finish(finish_reason, choice.get("error"))
 
-    def _merge_tool_call(self, call: Mapping[str, Any]) -> None:
+    def _merge_tool_call(self, call: Any) -> None:
+        if not isinstance(call, dict):
+            raise _bad_delta(f"a tool_calls delta is {_json_kind(call)}, not an object")
+        index = call.get("index", len(self.tool_calls))
+        fn = call.get("function") or {}
+        if not isinstance(index, int) or not isinstance(fn, dict):
+            raise _bad_delta("a tool_calls delta has no integer index or no function object")
         slot = self.tool_calls.setdefault(
-            int(call.get("index", len(self.tool_calls))),
-            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
         )
         if call.get("id"):
             slot["id"] = call["id"]
-        fn = call.get("function") or {}
-        if fn.get("name"):
-            slot["function"]["name"] += fn["name"]
-        if fn.get("arguments"):
-            slot["function"]["arguments"] += fn["arguments"]
+        for key in ("name", "arguments"):
+            piece = fn.get(key)
+            if piece is not None and not isinstance(piece, str):
+                raise _bad_delta(f"a tool_calls delta's function.{key} is {_json_kind(piece)}, "
+                                 "not a string")
+            if piece:
+                slot["function"][key] += piece
 
     def finish(self) -> RawAnswer:
         if not self.done or self.finish_reason is None:
@@ -611,6 +664,6 @@ class StreamAccumulator:
             output_ids=self.token_ids or None,
             logprobs=self.logprobs or None,
         )
-        check_not_empty(answer)
+        check_answer(answer)
         return answer
 

@@ -21,7 +21,7 @@ from draftgen.probe.verdict import judge
 
 log = logging.getLogger("draftgen.probe")
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 """Part of the cache key: a new probe logic re-probes."""
 
 _KEY_EXCLUDE = {

@@ -1,7 +1,8 @@
 """The probe's requests and how they are sent.
 
-Three small requests per backend: a plain question, one that invites reasoning, and one with a
-tool definition that invites a call. Backends that take the prompt as IDs get it rendered by the
+Five small requests per backend: a plain question, one that invites reasoning, and three with a
+tool definition that invite a call (one alone cannot tell a model that chose not to call from an
+endpoint that ignores tools). Backends that take the prompt as IDs get it rendered by the
 run's own model format; chat backends get the request body the run would send (same reasoning,
 routing and logprobs settings), and the probe keeps the names of the fields the answer used
 (which `RawAnswer` does not record).
@@ -17,7 +18,7 @@ from typing import Any
 import orjson
 
 from draftgen.backends import Backend
-from draftgen.backends.base import error_from_http, transport_error
+from draftgen.backends.base import error_from_http, too_large, transport_error
 from draftgen.backends.openai_chat import OpenAIChatBackend, StreamAccumulator, answer_from_json
 from draftgen.formats import Format, FormatError
 from draftgen.probe.model import RequestKind
@@ -42,11 +43,12 @@ WEATHER_TOOL: dict[str, Any] = {
     },
 }
 
-_QUESTIONS: dict[RequestKind, str] = {
-    "plain": "In one short sentence: what is the capital of France?",
-    "reasoning": "Think it through step by step, then give only the result: what is 17 × 23?",
-    "tool": "What is the weather in Paris right now? Call the get_weather tool to find out.",
-}
+_QUESTIONS: list[tuple[RequestKind, str]] = [
+    ("plain", "In one short sentence: what is the capital of France?"),
+    ("reasoning", "Think it through step by step, then give only the result: what is 17 × 23?"),
+    *(("tool", f"What is the weather in {city} right now? Call the get_weather tool to find "
+       "out.") for city in ("Paris", "Tokyo", "Lima")),
+]
 
 
 @dataclass(frozen=True)
@@ -62,14 +64,16 @@ def probe_requests(fmt: Format) -> tuple[list[ProbeRequest], list[str]]:
     """The requests, and notes on the ones left out (a format without a tool layout)."""
     requests: list[ProbeRequest] = []
     notes: list[str] = []
-    for kind, question in _QUESTIONS.items():
+    for n, (kind, question) in enumerate(_QUESTIONS):
         tools = [WEATHER_TOOL] if kind == "tool" else None
-        prompt = Prompt(f"probe-{kind}", PROBE_DATASET,
+        prompt = Prompt(f"probe-{kind}-{n}", PROBE_DATASET,
                         [{"role": "user", "content": question}], tools)
         try:
             ids = fmt.render_prompt(prompt.messages, prompt.tools)
         except FormatError as e:
-            notes.append(f"{kind} request not sent: {e}")
+            note = f"{kind} request not sent: {e}"
+            if note not in notes:
+                notes.append(note)
             continue
         requests.append(ProbeRequest(kind, prompt, ids))
     return requests, notes
@@ -137,9 +141,13 @@ async def _chat_once(backend: OpenAIChatBackend, req: ProbeRequest, max_tokens: 
         async with backend.session.post(backend.url, data=orjson.dumps(body),
                                         headers={"Content-Type": "application/json"}) as resp:
             if resp.status != 200:
-                raise error_from_http(resp.status, await resp.read(), resp.headers)
+                raise error_from_http(resp.status, await backend.read_body(resp), resp.headers)
             acc = _RecordingStream(request_id=resp.headers.get("X-Generation-Id"))
+            limit, seen = backend.max_response_bytes, 0
             async for line in resp.content:
+                seen += len(line)
+                if seen > limit:
+                    raise too_large(limit)
                 if acc.feed_line(line):
                     break
             return acc.finish(), acc.wire
@@ -184,7 +192,7 @@ async def listed_quantizations(backend: Backend) -> dict[str, str]:
         async with backend.session.get(url) as resp:
             if resp.status != 200:
                 return {}
-            listing = orjson.loads(await resp.read())
+            listing = orjson.loads(await backend.read_body(resp))
     except Exception:  # informative only: no listing, no quantization column
         return {}
     data = listing.get("data") if isinstance(listing, dict) else None

@@ -1,12 +1,11 @@
 """`draftgen run`'s use of the probe: which backends may serve this run.
 
-A backend is left out of the run when the probe found a problem that concerns the run's
-prompts: a problem of every prompt (length mismatches, missing reasoning, a stop token inside
-answers, failed requests), or a tool-call problem when a dataset has prompts with tools (the
-scheduler cannot route prompts by what they need, so such a backend would get tool prompts).
-The others serve the whole run. When no backend is left, the run stops before any request,
-with the reasons. Results are stored in run.json and reused on resume while their key (model,
-tokenizer, backend settings, probe settings) is unchanged.
+A backend is left out of the run when the probe found a problem of every prompt (length
+mismatches, missing reasoning, a stop token inside answers, failed requests). One whose problems
+concern only prompts with tools still serves the prompts without tools: the scheduler routes
+each prompt by what it needs (`scheduler.needs_of`). When no backend is left, the run stops
+before any request, with the reasons. Results are stored in run.json and reused on resume
+while their key (model, tokenizer, backend settings, probe settings) is unchanged.
 """
 
 from __future__ import annotations
@@ -38,6 +37,9 @@ class Gate:
     """Set when no backend may serve: the run's failure message."""
     cost_usd: float = 0.0
     """Spent by this probe (reused results cost nothing)."""
+    unfit: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Backend name -> what it must not be sent (prompts with tools), for the backends that
+    serve the run's other prompts."""
 
 
 def stored_results(*run_jsons: Path) -> dict[str, BackendProbe]:
@@ -67,18 +69,28 @@ def _why(problem: Problem, needs: Mapping[str, set[str]]) -> str:
     return f"{problem.message} (datasets needing {problem.scope}: {', '.join(names)})"
 
 
-def decide(results: list[BackendProbe], needs: Mapping[str, set[str]]) -> dict[str, str]:
-    """The backends that may not serve this run, with the reasons."""
+def decide(results: list[BackendProbe], needs: Mapping[str, set[str]]
+           ) -> tuple[dict[str, str], dict[str, frozenset[str]]]:
+    """The backends that may not serve this run, with the reasons; and those that serve only
+    the prompts that do not need what they are unsafe for, with what that is."""
     wanted: set[str] = set().union(*needs.values()) if needs else set()
     dropped: dict[str, str] = {}
+    unfit: dict[str, frozenset[str]] = {}
     for r in results:
-        blocking = r.blocking(wanted)
+        blocking = r.blocking(set())
         if blocking:
             dropped[r.backend] = "; ".join(_why(p, needs) for p in blocking)
+            continue
+        scopes = frozenset(p.scope for p in r.problems)
+        if scopes & wanted:
+            unfit[r.backend] = scopes
+            log.warning("backend %s serves only prompts without %s: %s", r.backend,
+                        "/".join(sorted(scopes)),
+                        "; ".join(_why(p, needs) for p in r.blocking(wanted)))
         elif r.problems:
             log.info("backend %s is unsafe for prompts with tools only, and no dataset has "
                      "tools: it serves", r.backend)
-    return dropped
+    return dropped, unfit
 
 
 def refusal(dropped: Mapping[str, str], results: list[BackendProbe]) -> str:
@@ -103,8 +115,10 @@ def _log(results: list[BackendProbe], dropped: Mapping[str, str], cost: float) -
 
 
 def _gate_record(dropped: Mapping[str, str], refused: str | None, cost: float,
-                 results: list[BackendProbe]) -> dict[str, Any]:
+                 results: list[BackendProbe], unfit: Mapping[str, frozenset[str]]
+                 ) -> dict[str, Any]:
     return {"at": round(time.time(), 3), "dropped": dict(dropped), "refused": refused,
+            "unfit": {name: sorted(scopes) for name, scopes in unfit.items()},
             "cost_usd": round(cost, 8), "reused": [r.backend for r in results if r.cached],
             "verdicts": {r.backend: r.verdict for r in results}}
 
@@ -118,16 +132,16 @@ async def gate_backends(plan: Plan, backends: list[Backend], opts: ProbeOptions,
     own = stored_results(run_json)
     stored = {**stored_results(*reversed(shared_from)), **own}
     results = await probe_all(plan.fmt, plan.cfg, backends, opts, stored)
-    dropped = decide(results, dataset_needs(plan))
+    dropped, unfit = decide(results, dataset_needs(plan))
     refused = refusal(dropped, results) if len(dropped) == len(backends) else None
     cost = sum(r.cost_usd for r in results if not r.cached)
     # A result taken from another folder is recorded in this one too, as its own record.
     record_probe(run_json, {r.backend: r.as_dict() for r in results
                             if not r.cached or r.backend not in own},
-                 _gate_record(dropped, refused, cost, results))
+                 _gate_record(dropped, refused, cost, results, unfit))
     _log(results, dropped, cost)
     for b in backends:
         if b.name in dropped:
             await b.close()
     backends[:] = [b for b in backends if b.name not in dropped]
-    return Gate(results, dropped, refused, cost)
+    return Gate(results, dropped, refused, cost, unfit=unfit)

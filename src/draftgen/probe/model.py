@@ -22,7 +22,7 @@ class Problem:
     code: str
     """Stable label: request_failed, length_mismatch, unverifiable, reasoning_missing,
     stop_token_in_answer, special_token_in_text, whitespace_uncertain, tool_calls_missing,
-    tool_calls_malformed, tool_calls_unsupported."""
+    tool_calls_dropped, tool_calls_malformed, tool_calls_unsupported."""
     message: str
     scope: Scope = "all"
 

@@ -48,7 +48,7 @@ def row(r: BackendProbe) -> list[str]:
         _joined(a.ids for a in ok),
         _joined(a.reasoning for a in ok if a.reasoning != "n/a") if ok else "-",
         _joined(a.whitespace for a in ok if a.whitespace != "n/a"),
-        (tool.tool_calls or "-") if tool is not None else "-",
+        _joined(a.tool_calls for a in ok if a.kind == "tool") if tool is not None else "-",
         _length(ok),
         _joined(a.logprobs for a in ok),
         _joined(_provider(a) for a in ok),

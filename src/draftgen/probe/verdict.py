@@ -149,23 +149,36 @@ def _reasoning_problems(fmt: Format, ok: Sequence[AnswerReport],
 
 def _tool_problems(fmt: Format, ok: Sequence[AnswerReport], warnings: list[str],
                    prompt_as_ids: bool) -> list[Problem]:
-    tool = next((a for a in ok if a.kind == "tool"), None)
-    state = tool.tool_calls if tool is not None else None
-    if state == "cut_off":
-        warnings.append("the tool request was cut off before any tool call: tool calls "
-                        "unchecked (raise --max-tokens)")
-    elif state == "missing" and prompt_as_ids:
-        warnings.append("the model answered the tool request without a tool call (its prompt "
-                        "went as IDs, tools included: the model's own choice)")
-    elif state == "missing":
-        return [Problem("tool_calls_missing",
-                        "no tool call arrived for a request that asked for one (the endpoint "
-                        "ignores tools, or its tool parser dropped the call)", "tools")]
-    elif state == "malformed":
+    """What the tool requests' answers show. A model may answer one without a call (its
+    choice): that alone says nothing of the endpoint. An endpoint that drops or mangles calls
+    shows it in the answers themselves (finish_reason tool_calls without a call, malformed or
+    unparsable calls); one that ignores tools gets no call for any tool request."""
+    tools = [a for a in ok if a.kind == "tool"]
+    states = [a.tool_calls for a in tools]
+    if "malformed" in states:
         return [Problem("tool_calls_malformed",
                         "tool calls arrived with arguments that are not a JSON object", "tools")]
-    elif state == "unsupported":
+    if "unsupported" in states:
         return [Problem("tool_calls_unsupported",
                         f"model format {fmt.name!r} has no layout for the tool calls that "
                         "arrived", "tools")]
+    dropped = [a for a in tools if a.tool_calls == "missing" and a.finish_reason == "tool_calls"]
+    if dropped:
+        return [Problem("tool_calls_dropped",
+                        f"{len(dropped)} tool answer(s) ended with finish_reason tool_calls but "
+                        "carried no call: the endpoint's tool parser dropped them", "tools")]
+    declined = states.count("missing")
+    called = sum(s in ("structured", "raw_text", "ids") for s in states)
+    if states and states.count("cut_off") == len(states):
+        warnings.append("the tool requests were cut off before any tool call: tool calls "
+                        "unchecked (raise --max-tokens)")
+    elif declined and (called or prompt_as_ids):
+        why = ("the endpoint passed the tools through for the others" if called
+               else "its prompt went as IDs, tools included")
+        warnings.append(f"the model answered {declined} of {len(states)} tool requests "
+                        f"without a tool call (its own choice: {why})")
+    elif declined:
+        return [Problem("tool_calls_missing",
+                        f"none of the {len(states)} tool requests got a tool call (the endpoint "
+                        "ignores tools, or its tool parser dropped the calls)", "tools")]
     return []

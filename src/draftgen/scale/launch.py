@@ -17,6 +17,7 @@ from rich.table import Table
 from draftgen import perf
 from draftgen.config import RunConfig
 from draftgen.probe.options import ProbeOptions
+from draftgen.redact import RedactingFilter
 from draftgen.runner import Outcome, Runner, prepare
 from draftgen.scale.leases import BudgetPool
 from draftgen.scale.shards import ShardSpec
@@ -64,6 +65,8 @@ def run_shard(cfg: RunConfig, spec: ShardSpec, probe: ProbeOptions | None,
     an ordinary sharded run, its log lines prefixed with the shard."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, force=True,
                         format=f"%(asctime)s shard {spec} %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     plan = prepare(cfg, shard=spec)
     outcome = perf.run(Runner(plan, live_display=False, probe=probe, pool=pool).execute())
     return ShardResult.of(spec, outcome)

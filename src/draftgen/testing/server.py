@@ -111,6 +111,19 @@ TOOL_ARGUMENTS: Json = {"city": "Paris"}
 
 _BILLED = frozenset({"408", "502", "error_body"})
 
+_CALL_HEAD: Json = {"id": "call_0", "type": "function"}
+BAD_TOOL_CALLS: dict[str, Any] = {
+    "tool_name_null": [_CALL_HEAD | {"function": {"name": None, "arguments": "{}"}}],
+    "tool_name_empty": [_CALL_HEAD | {"function": {"name": "", "arguments": "{}"}}],
+    "tool_name_int": [_CALL_HEAD | {"function": {"name": 7, "arguments": "{}"}}],
+    "tool_calls_dict": _CALL_HEAD | {"function": {"name": TOOL_NAME, "arguments": "{}"}},
+    "tool_calls_string": f"{TOOL_NAME}(city='Paris')",
+    "tool_calls_null_item": [None],
+    "tool_call_no_function": [_CALL_HEAD],
+}
+"""Fault kinds answered with a malformed `tool_calls` (JSON: the message's; stream: one more
+delta carrying it), the rest of the answer as usual."""
+
 
 @dataclass(frozen=True)
 class ErrorSpec:
@@ -160,6 +173,12 @@ FAULT_KINDS: dict[str, str] = {
     "malformed": "HTTP 200, Content-Type application/json, a truncated (invalid) JSON body",
     "empty": "HTTP 200, empty content, no reasoning, completion_tokens 0, finish_reason stop",
     "slow": "the server sleeps an hour (cancelled when the client disconnects)",
+    **{kind: f"HTTP 200, an answer whose tool_calls is {json.dumps(value)}"
+       for kind, value in BAD_TOOL_CALLS.items()},
+    "huge_body": "HTTP 200, a valid answer of `huge_body_mb` MB (content 'x' repeated): a JSON "
+    "body sent in 1 MB writes, or a stream of 64 KB content deltas",
+    "gzip_bomb": "HTTP 200, Content-Encoding gzip: a small body that inflates to a valid JSON "
+    "answer of `huge_body_mb` MB (also for a stream request)",
 }
 """Every fault kind, with its wire behaviour."""
 
@@ -218,6 +237,12 @@ class ServerConfig:
     content. "content": no tool parser: the raw `<tool_call>…</tool_call>` text stays in the
     content (exactly as sampled) and finish_reason is "stop"."""
     tools_supported: bool = True
+    declines_tool_for: str = ""
+    """Set: the model answers a tool request whose last user message holds this text without
+    calling the tool (its own choice: the endpoint passes tools through)."""
+    tool_parser_drops: bool = False
+    """The endpoint's tool parser loses the calls: finish_reason "tool_calls", no
+    `tool_calls`, the tool block gone from the content."""
     """False: the request's `tools` are ignored (a provider that drops them): no tool calls."""
     logprobs_scope: LogprobsScope = "all"
     """What `logprobs: true` covers: every output token ("all"), only the tokens after
@@ -240,6 +265,11 @@ class ServerConfig:
     cache_size: int = 4096
     backlog: int = 4096
     context_length: int = 32768
+    huge_body_mb: int = 64
+    """The size of the `huge_body` and `gzip_bomb` answers."""
+    echo_auth: bool = False
+    """Error bodies (401 and every error fault) echo the request's Authorization header in
+    their message, as careless servers do."""
 
     def __post_init__(self) -> None:
         if isinstance(self.prices, Mapping):
@@ -907,6 +937,10 @@ class ChatRequest:
         return tools_supported and bool(self.tools) and _asks_for_tool_call(label)
 
 
+def _declines(config: ServerConfig, label: str) -> bool:
+    return bool(config.declines_tool_for) and config.declines_tool_for in label
+
+
 def _asks_for_tool_call(label: str) -> bool:
     return "weather" in label.lower() or _TOOL_DIRECTIVE in label
 
@@ -1075,17 +1109,24 @@ def usage_json(
     return usage
 
 
-def error_json(kind: str, ctx: ReplyContext, label: str, config: ServerConfig) -> Json:
+def error_json(kind: str, ctx: ReplyContext, label: str, config: ServerConfig,
+               auth: str = "") -> Json:
+    """`auth`: the request's Authorization header, echoed when `config.echo_auth`."""
     spec = ERRORS[kind]
     metadata = dict(spec.metadata)
     if spec.code in (403, 408, 502):
         metadata["provider_name"] = ctx.provider
     if spec.code == 403:
         metadata |= {"flagged_input": label[:100], "model_slug": config.model}
-    body: Json = {"error": {"code": spec.code, "message": spec.message, "metadata": metadata}}
+    body: Json = {"error": {"code": spec.code, "message": _echoed(spec.message, auth, config),
+                            "metadata": metadata}}
     if kind in _BILLED:
         body["usage"] = usage_json(len(ctx.prompt_ids), 0, 0, config.price)
     return body
+
+
+def _echoed(message: str, auth: str, config: ServerConfig) -> str:
+    return f"{message} (request headers: Authorization: {auth})" if config.echo_auth else message
 
 
 def _reasoning_value(name: str, text: str | None) -> Any:
@@ -1135,6 +1176,7 @@ class _ChatReply:
     req: ChatRequest
     ctx: ReplyContext
     comp: Completion
+    fault: str | None = None
 
     @property
     def token_ids(self) -> bool:
@@ -1176,8 +1218,12 @@ class _ChatReply:
         message: Json = {"role": "assistant", "content": content}
         for name in _reasoning_fields(self.config, self.req.show_reasoning):
             message[name] = _reasoning_value(name, comp.reasoning)
-        if comp.tool_call is not None:
+        if comp.tool_call is not None and not self.config.tool_parser_drops:
             message["tool_calls"] = [comp.tool_call.as_json()]
+        if self.fault in BAD_TOOL_CALLS:
+            message["tool_calls"] = BAD_TOOL_CALLS[self.fault]
+        if self.fault in _HUGE:
+            message["content"] = _HUGE_MARK.decode()  # `_huge_pieces` puts the megabytes there
         return message
 
     def json(self) -> Json:
@@ -1233,6 +1279,8 @@ class _ChatReply:
         choices: list[bytes] = []
         carried = 0
         for piece in self.comp.stream_plan(self.config.stream_tokens_per_chunk):
+            if piece.kind.startswith("tool") and self.config.tool_parser_drops:
+                continue
             delta = _delta(piece, self.comp.tool_call, fields)
             if delta is not None:
                 choices.append(orjson.dumps(self.choice(delta, carried, piece.end)))
@@ -1248,8 +1296,20 @@ class _ChatReply:
             events.append(self.chunk([], usage=self.usage()))
         return [*events, _SSE_DONE]
 
-    def error_event(self) -> bytes:
-        error = {"code": 502, "message": "Provider returned error"}
+    def fault_events(self, carried: int) -> list[bytes]:
+        """The events a fault adds after the deltas: a malformed tool call, or `huge_body`'s
+        64 KB content deltas (one event, repeated)."""
+        if self.fault in BAD_TOOL_CALLS:
+            delta = {"tool_calls": BAD_TOOL_CALLS[self.fault]}
+            return [self.chunk([self.choice(delta, carried, carried)])]
+        if self.fault == "huge_body":
+            filler = self.chunk([self.choice({"content": "x" * (64 << 10)}, carried, carried)])
+            return [filler] * (self.config.huge_body_mb * 16)
+        return []
+
+    def error_event(self, auth: str = "") -> bytes:
+        """`auth`: the request's Authorization header, echoed when `config.echo_auth`."""
+        error = {"code": 502, "message": _echoed("Provider returned error", auth, self.config)}
         error["metadata"] = {"provider_name": self.ctx.provider}
         return self.chunk([self.choice({"content": ""}, 0, 0, "error")], error=error)
 
@@ -1316,6 +1376,7 @@ _ENDPOINTS = {
 _MODEL_CALLS = frozenset({"chat", "generate"})
 GENERATIONS_KEPT = 100_000
 _CUT_STREAM = frozenset({"sse_error", "no_done", "reset_stream"})
+_HUGE = frozenset({"huge_body", "gzip_bomb"})
 """Faults that end a stream after about half of its deltas."""
 _OPEN_PATHS = frozenset({"/health", "/stats"})
 
@@ -1368,8 +1429,8 @@ class FakeEngine:
         given = request.headers.get("Authorization", "").encode()
         if hmac.compare_digest(given, f"Bearer {key}".encode()):
             return await handler(request)
-        error = {"code": 401, "message": "No auth credentials found"}
-        return _json_response({"error": error}, status=401)
+        message = _echoed("No auth credentials found", given.decode(), self.config)
+        return _json_response({"error": {"code": 401, "message": message}}, status=401)
 
     # ---- simple endpoints
 
@@ -1412,15 +1473,16 @@ class FakeEngine:
             return _bad_request(str(e))
         prompt = render_prompt(req.messages, req.tools, self.config.layout)
         ctx = self._context(label, await self.model.encode(prompt))
-        early = self._fault_response(fault, req.stream, ctx, label)
+        early = self._fault_response(fault, req.stream, ctx, label, request)
         if early is not None:
             return early
         key = AnswerKey(
             _digest(req.messages, req.seed, self.config.seed),
-            req.wants_tool_call(label, self.config.tools_supported),
+            req.wants_tool_call(label, self.config.tools_supported)
+            and not _declines(self.config, label),
         )
         comp = await self._completion(fault, key, req.max_tokens, self.vocab.stop_ids)
-        reply = _ChatReply(self.config, req, ctx, comp)
+        reply = _ChatReply(self.config, req, ctx, comp, fault)
         if self.config.mode == "openrouter":
             self._keep_generation(reply)
         if req.stream:
@@ -1438,12 +1500,11 @@ class FakeEngine:
         except BadRequest as e:
             return _bad_request(str(e))
         ctx = self._context(label, prompt_ids)
-        early = self._fault_response(fault, False, ctx, label)
+        early = self._fault_response(fault, False, ctx, label, request)
         if early is not None:
             return early
-        tool = self.config.tools_supported and "<tools>" in prompt_text and _asks_for_tool_call(
-            label
-        )
+        tool = (self.config.tools_supported and "<tools>" in prompt_text
+                and _asks_for_tool_call(label) and not _declines(self.config, label))
         key = AnswerKey(_digest(prompt_ids, params.seed, self.config.seed), tool)
         limit = params.max_new_tokens
         if limit is None:
@@ -1519,7 +1580,8 @@ class FakeEngine:
         return ReplyContext(_generation_id(), created, provider, time.perf_counter(), prompt_ids)
 
     def _fault_response(
-        self, fault: str | None, stream: bool, ctx: ReplyContext, label: str
+        self, fault: str | None, stream: bool, ctx: ReplyContext, label: str,
+        request: web.Request,
     ) -> web.Response | None:
         if fault == "sse_error" and not stream:
             fault = "error_body"
@@ -1529,7 +1591,9 @@ class FakeEngine:
         headers = {"X-Generation-Id": ctx.gen_id}
         if spec.retry_after:
             headers["Retry-After"] = spec.retry_after
-        return _json_response(error_json(fault, ctx, label, self.config), spec.status, headers)
+        auth = request.headers.get("Authorization", "")
+        body = error_json(fault, ctx, label, self.config, auth)
+        return _json_response(body, spec.status, headers)
 
     async def _completion(
         self, fault: str | None, key: AnswerKey, limit: int | None, stops: frozenset[int]
@@ -1548,6 +1612,13 @@ class FakeEngine:
         headers = {"X-Generation-Id": ctx.gen_id}
         if fault == "malformed":
             data = data[: len(data) // 2]
+        if fault == "gzip_bomb":
+            gzip = zlib.compressobj(1, wbits=31)  # gzip framing
+            pieces = _huge_pieces(data, self.config.huge_body_mb)
+            data = b"".join([*map(gzip.compress, pieces), gzip.flush()])
+            headers["Content-Encoding"] = "gzip"
+        if fault == "huge_body":
+            return await _write_in_pieces(request, data, self.config.huge_body_mb, headers)
         if fault != "reset_stream":
             return web.Response(body=data, content_type="application/json", headers=headers)
         response = web.StreamResponse(headers=headers)
@@ -1561,7 +1632,7 @@ class FakeEngine:
     async def _stream(
         self, request: web.Request, reply: _ChatReply, fault: str | None
     ) -> web.StreamResponse:
-        if fault == "malformed":
+        if fault in ("malformed", "gzip_bomb"):
             return await self._send_json(request, reply.json(), fault, reply.ctx)
         response = web.StreamResponse(
             headers={"Cache-Control": "no-cache", "X-Generation-Id": reply.ctx.gen_id}
@@ -1571,10 +1642,11 @@ class FakeEngine:
             response.force_close()
         await response.prepare(request)
         events, carried = reply.delta_events()
+        events += reply.fault_events(carried)
         if fault in _CUT_STREAM:
             events = events[: max(1, len(events) // 2)]
         if fault == "sse_error":
-            events += [reply.error_event(), _SSE_DONE]
+            events += [reply.error_event(request.headers.get("Authorization", "")), _SSE_DONE]
         elif fault not in _CUT_STREAM:
             events += reply.closing_events(carried)
         if self.config.mode == "openrouter":
@@ -1592,6 +1664,38 @@ class FakeEngine:
             if n and self.config.stream_interval_s > 0:
                 await asyncio.sleep(self.config.stream_interval_s)
             await response.write(b"".join(events[n : n + per_write]))
+
+
+_HUGE_MARK = b"@@huge content@@"
+_MB_OF_X = b"x" * (1 << 20)
+
+
+def _huge_pieces(data: bytes, mb: int) -> Iterator[bytes]:
+    """`data` (JSON with `_HUGE_MARK` as a string's value) with `mb` MB of "x" in place of the
+    mark, a megabyte at a time: a gigabyte answer costs the server no gigabyte. (`/generate`
+    answers have no mark: they are sent as they are.)"""
+    if _HUGE_MARK not in data:
+        yield data
+        return
+    head, tail = data.split(_HUGE_MARK)
+    yield head
+    for _ in range(mb):
+        yield _MB_OF_X
+    yield tail
+
+
+async def _write_in_pieces(request: web.Request, data: bytes, mb: int,
+                           headers: Mapping[str, str]) -> web.StreamResponse:
+    """`_huge_pieces` as a JSON body of a declared length, a write each (the client may stop
+    reading part way)."""
+    response = web.StreamResponse(headers=headers)
+    response.content_type = "application/json"
+    response.content_length = sum(map(len, _huge_pieces(data, mb)))
+    await response.prepare(request)
+    for piece in _huge_pieces(data, mb):
+        await response.write(piece)
+    await response.write_eof()
+    return response
 
 
 class _Dropped(Exception):
@@ -1807,6 +1911,10 @@ def _arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--generate-omits-stop-id", action="store_true")
     p.add_argument("--fault-rate", type=_fault_rate, action="append", default=[], metavar="KIND=P")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--huge-body-mb", type=int, default=64,
+                   help="size of the huge_body and gzip_bomb answers")
+    p.add_argument("--echo-auth", action="store_true",
+                   help="error bodies echo the request's Authorization header")
     return p
 
 
@@ -1842,6 +1950,8 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         generate_omits_stop_id=args.generate_omits_stop_id,
         fault_rates=dict(args.fault_rate),
         seed=args.seed,
+        huge_body_mb=args.huge_body_mb,
+        echo_auth=args.echo_auth,
     )
 
 
