@@ -42,7 +42,7 @@ from draftgen.scale.leases import (
     spend_of,
     tokens_key,
 )
-from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
+from draftgen.scale.shards import ShardSpec, claim_run_folder, run_folders, shard_mask
 from draftgen.scheduler import BackendSlots, NoBackendLeft, send_with_retries
 from draftgen.store import RunLayout, RunLock, Store, StoreError, scan_dataset
 from draftgen.store.journal import OpenRequest, read_journal
@@ -405,7 +405,7 @@ class Runner:
 
     async def execute(self) -> Outcome:
         lock = RunLock(self.store.layout.lock)
-        lock.acquire()
+        claim_run_folder(Path(self.cfg.output_dir), self.plan.shard, lock)
         if lock.took_over_stale:
             log.warning("%s: previous run did not exit cleanly; resuming", self.root)
         outcome = Outcome("failed", "interrupted")
