@@ -124,7 +124,8 @@ def write_run(root: Path, tok: Tokenizer, sizes: dict[str, int]) -> Path:
             backend = SimpleNamespace(name="openrouter" if i % 2 else "local-sglang",
                                       cfg=SimpleNamespace(provider=None))
             record = make_record(prompt, input_ids, raw, rebuilt, backend,  # type: ignore[arg-type]
-                                 raw.usage.cost or 0.0, 1.0 + (i % 9) * 0.7, i % 3)
+                                 raw.usage.cost or 0.0, 1.0 + (i % 9) * 0.7, i % 3,
+                                 cost_source="reported" if raw.usage.cost else "priced")
             record["created_at"] = t0 + n * 30.0
             store.append_record(name, record)
         for j in range(count // 10):

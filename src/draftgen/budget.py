@@ -22,10 +22,36 @@ budgets themselves (`usd` and the token limits follow the lease; draftgen.scale.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 from draftgen.config import Price
+
+REPORTED_COST_RATIO = 10.0
+"""A reported cost is believed only within this factor of the priced cost, either way."""
+PRICED, REPORTED, REPORT_REFUSED = "priced", "reported", "priced_report_refused"
+"""Where an answer's `cost_usd` comes from (its record's `cost_source`)."""
+
+
+def believable(usd: float, low: float, high: float) -> bool:
+    """A finite number of dollars within [low, high] (NaN, inf and negatives never are)."""
+    return math.isfinite(usd) and 0 <= low <= usd <= high
+
+
+def answer_cost(reported: float | None, priced: float | None) -> tuple[float, str]:
+    """What an answer (or a billed failure) counts for, and where that figure comes from: the
+    endpoint's reported cost when it is believable against the priced one (within
+    REPORTED_COST_RATIO either way; any finite cost >= 0 when no price is known), else the
+    priced cost. OpenRouter reports 0 for bring-your-own-key requests, a server may report a
+    negative, NaN or absurd cost: none of those is taken, and a negative one is no credit."""
+    if reported is None:
+        return priced or 0.0, PRICED
+    low, high = (priced / REPORTED_COST_RATIO, priced * REPORTED_COST_RATIO
+                 ) if priced is not None else (0.0, math.inf)
+    if believable(reported, low, high):
+        return reported, REPORTED
+    return priced or 0.0, REPORT_REFUSED
 
 
 @dataclass(slots=True)
@@ -165,6 +191,19 @@ class Ledger:
         self.spent_usd += cost
         if self.usd_per_minute:
             self._bucket = min(self.usd_per_minute, self._bucket + reservation.usd - cost)
+
+    def charge(self, cost: float) -> bool:
+        """Spend of a request in flight other than its answer (a failed attempt that was
+        billed), counted at once. True while the budget still holds the request's reservation,
+        that is, while another attempt may be sent."""
+        self.spent_usd += cost
+        if self.usd_per_minute:
+            self._bucket -= cost
+        return self.usd is None or self.spent_usd + self.reserved_usd <= self.usd
+
+    def correct(self, counted: float, billed: float) -> None:
+        """Spend counted at a worst case whose bill became known later."""
+        self.spent_usd += billed - counted
 
     def add_spent(self, cost: float) -> None:
         """Spend that was never reserved (earlier sessions)."""

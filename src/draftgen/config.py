@@ -16,6 +16,24 @@ from draftgen.scale.folders import SHARDS_DIR
 BackendType = Literal["openai", "openrouter", "vllm", "sglang", "llamacpp"]
 RESERVED_FOLDERS = frozenset({SHARDS_DIR})
 """Folders of a run folder that are not datasets: no dataset may take their names."""
+MANAGED_BODY_KEYS = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "max_new_tokens", "n_predict",
+    "n", "stream", "stream_options", "logprobs", "input_ids", "prompt", "text",
+    "return_token_ids", "return_tokens", "sampling_params",
+})
+"""Request keys draftgen sets itself (the clamped answer length, the prompt and its IDs, one
+streamed or not answer with logprobs): `sampling.extra` or `extra_body` overriding one would
+break the budget (`max_tokens` is what the reservation counts on) or the token-exact record."""
+
+
+def _refuse_managed_keys(extra: dict[str, Any]) -> dict[str, Any]:
+    managed = sorted(MANAGED_BODY_KEYS & set(extra))
+    if managed:
+        raise ValueError(
+            f"{', '.join(managed)}: set by draftgen itself on every request (the answer length "
+            "from sampling.max_tokens and the budgets, the prompt, stream and logprobs from "
+            "the backend's settings); remove them from here")
+    return extra
 
 
 class ConfigError(Exception):
@@ -54,7 +72,10 @@ class SamplingConfig(_Strict):
     max_tokens: int = Field(4096, gt=0)
     seed: int | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
-    """Extra fields merged into every request body (OpenAI) or sampling_params (SGLang)."""
+    """Extra fields merged into every request body (OpenAI) or sampling_params (SGLang); not
+    the keys draftgen sets itself (MANAGED_BODY_KEYS)."""
+
+    _no_managed_keys = field_validator("extra")(_refuse_managed_keys)
 
 
 class Price(_Strict):
@@ -136,9 +157,13 @@ class BackendConfig(_Strict):
     bytes in all); a larger one fails its request as `response_too_large`."""
     headers: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Extra fields of every request body; not the keys draftgen sets itself
+    (MANAGED_BODY_KEYS)."""
     fleet: FleetConfig | None = None
     """`url` is a router or data-parallel endpoint: wait for its workers at start and size
     `concurrency` from them (`fleet.slots_per_worker`)."""
+
+    _no_managed_keys = field_validator("extra_body")(_refuse_managed_keys)
 
     @field_validator("model")
     @classmethod

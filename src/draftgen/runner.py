@@ -26,7 +26,15 @@ from draftgen.audit.checks import routing_problems
 from draftgen.backends import Backend, BackendNotReady, make_backend
 from draftgen.backends.base import ON_GENERATION_ID
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
-from draftgen.budget import Admission, Ledger, Reservation
+from draftgen.budget import (
+    REPORT_REFUSED,
+    REPORTED_COST_RATIO,
+    Admission,
+    Ledger,
+    Reservation,
+    answer_cost,
+    believable,
+)
 from draftgen.config import ConfigError, Price, RunConfig
 from draftgen.datasets import DatasetError, LoadStats, PromptTable, load_prompt_table
 from draftgen.formats import Format, FormatError, get_format
@@ -43,7 +51,7 @@ from draftgen.scale.leases import (
     spend_of,
     tokens_key,
 )
-from draftgen.scale.shards import ShardSpec, run_folders, shard_mask
+from draftgen.scale.shards import ShardSpec, claim_run_folder, run_folders, shard_mask
 from draftgen.scheduler import (
     BackendSlots,
     NoBackendFits,
@@ -81,6 +89,9 @@ SHARDS_PAUSE = "budget.usd: waiting for other shards to give budget back"
 ASK_BILLS_S = 20.0
 """At most this long at start asking OpenRouter what a killed session's requests cost."""
 ASK_BILLS_IN_FLIGHT = 32
+ASK_BILL_S = 5.0
+"""At most this long asking OpenRouter, as the request ends, what an answer it could not read
+was billed (else it stays counted at its worst case)."""
 
 
 @dataclass
@@ -139,6 +150,18 @@ class Outcome:
 
 
 @dataclass(slots=True)
+class BilledAttempts:
+    """A request's failed attempts that the endpoint billed, each charged as it ended."""
+
+    usd: float = 0.0
+    unknown: list[tuple[str, float]] = field(default_factory=list)
+    """Attempts whose answer could not be read, counted at their worst case, with their
+    generation ID (OpenRouter) to ask for the real bill."""
+    gen: str | None = None
+    """The generation ID of the attempt under way, once its headers arrived."""
+
+
+@dataclass(slots=True)
 class Pending:
     dataset: str
     row: int
@@ -186,6 +209,8 @@ class Runner:
         self._killed: tuple[int, list[OpenRequest]] | None = None
         """The last session, when it was killed (`_killed_session`)."""
         self._bills: dict[str, float] = {}
+        self._refused_reports = 0
+        """Answers and billed failures whose reported cost was not believed (`answer_cost`)."""
         """What the endpoint billed for the killed session's requests, by generation ID."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._unfit: dict[str, frozenset[str]] = {}
@@ -233,8 +258,8 @@ class Runner:
             self.counters.datasets[ds.name] = counters
             self.ledger.add_dataset(ds.name, limits[ds.name].max_output_tokens,
                                     spent_tokens=on_disk.output_tokens)
-            self.ledger.add_spent(on_disk.cost)
-            counters.cost_before = on_disk.cost
+            counters.cost_before = on_disk.cost + on_disk.cost_not_kept
+            self.ledger.add_spent(counters.cost_before)
             if counters.done_before or counters.exhausted:
                 log.info("%s: resuming: %d done, %d out of attempts, %d to go", ds.name,
                          counters.done_before, counters.exhausted, len(queue))
@@ -302,7 +327,7 @@ class Runner:
             async with limit:
                 assert req.gen is not None and req.backend is not None
                 billed = await by_name[req.backend].billed_usd(req.gen)
-            if billed is not None:
+            if billed is not None and believable(billed, 0.0, req.usd * REPORTED_COST_RATIO):
                 bills[req.gen] = billed
 
         log.info("asking OpenRouter what the %d requests in flight at the last kill cost",
@@ -427,7 +452,7 @@ class Runner:
 
     async def execute(self) -> Outcome:
         lock = RunLock(self.store.layout.lock)
-        lock.acquire()
+        claim_run_folder(Path(self.cfg.output_dir), self.plan.shard, lock)
         if lock.took_over_stale:
             log.warning("%s: previous run did not exit cleanly; resuming", self.root)
         outcome = Outcome("failed", "interrupted")
@@ -747,20 +772,25 @@ class Runner:
         settled = False
         record: dict[str, Any] | None = None
         written = False
+        cost = 0.0
+        attempts = BilledAttempts()
         try:
             self._journal("sent", prompt, backend=backend.name, max_tokens=max_tokens,
                           **({"usd": round(reservation.usd, 9)} if reservation.usd else {}))
             if reservation.usd and backend.cfg.type == "openrouter":  # this task's own context
-                ON_GENERATION_ID.set(
-                    lambda generation: self._journal_quietly("gen", prompt, gen=generation))
+                ON_GENERATION_ID.set(lambda generation: self._on_generation_id(
+                    prompt, attempts, generation))
             raw, retries = await send_with_retries(
                 backend, prompt, input_ids, max_tokens,
-                on_error=lambda e: self._slots.note_result(backend, failed=e.retryable))
+                on_error=lambda e: self._on_attempt_error(e, backend, reservation, attempts,
+                                                          counters))
+            await self._learn_bills(backend, attempts, counters)
             rebuilt = await self._rebuilt(raw, prompt)
-            cost = self._cost(backend, raw.usage.cost, raw.usage.prompt_tokens or len(input_ids),
-                              raw.usage.completion_tokens or len(rebuilt.output_ids))
-            record = make_record(prompt, input_ids, raw, rebuilt, backend, cost,
-                                 time.monotonic() - started, retries)
+            cost, source = self._cost(
+                backend, raw.usage.cost, raw.usage.prompt_tokens or len(input_ids),
+                raw.usage.completion_tokens or len(rebuilt.output_ids))
+            record = make_record(prompt, input_ids, raw, rebuilt, backend, cost + attempts.usd,
+                                 time.monotonic() - started, retries, cost_source=source)
             self.store.append_record(prompt.dataset, record)
             written = True
             self.ledger.settle(reservation, len(rebuilt.output_ids), cost)
@@ -769,11 +799,10 @@ class Runner:
             self._slots.note_result(backend, failed=False)
             self._count_answer(counters, raw, rebuilt, cost)
         except BackendError as e:
-            billed = self._billed(backend, e)
-            self.ledger.settle(reservation, 0, billed)
+            await self._learn_bills(backend, attempts, counters)
+            self.ledger.settle(reservation, 0, 0.0)  # its billed attempts are charged already
             settled = True
-            counters.cost += billed
-            self._on_failure(item, backend, e, counters)
+            self._on_failure(item, backend, e, counters, attempts.usd)
         except StoreError as e:
             if not self._fatal:  # once, not once per answer in flight
                 log.error("%s; stopping dispatch, everything written so far is kept", e)
@@ -781,9 +810,9 @@ class Runner:
             self._stopping = True
             if record is not None and not written:  # paid for: kept for a rescue file
                 self._parked.append(record)
-                self.ledger.settle(reservation, len(record["output_ids"]), record["cost_usd"])
+                self.ledger.settle(reservation, len(record["output_ids"]), cost)
                 settled = True
-                counters.cost += record["cost_usd"]
+                counters.cost += cost
         except asyncio.CancelledError:
             self._journal_quietly("dropped", prompt, reason="aborted")
             raise
@@ -796,25 +825,72 @@ class Runner:
                 # Unknown outcome (aborted mid-stream, write failed): keep the worst case
                 # counted as spent, never less.
                 self.ledger.settle(reservation, reservation.tokens, reservation.usd)
-                self._unsettled_usd += reservation.usd
+                self._unsettled_usd += reservation.usd + attempts.usd
             counters.in_flight -= 1
             self._slots.release(backend)
             if reservation.usd:
                 self._slots.unpause(BUDGET_PAUSE)
 
     def _cost(self, backend: Backend, reported: float | None, prompt_tokens: int,
-              completion_tokens: int) -> float:
-        """The reported cost where the backend gives one, else priced by the backend."""
-        if reported is not None:
-            return reported
+              completion_tokens: int) -> tuple[float, str]:
+        """The reported cost where the backend gives a believable one, else priced by the
+        backend (`budget.answer_cost`); and where the figure comes from."""
         price = self.prices.get(backend.name)
-        return price.cost(prompt_tokens, completion_tokens) if price else 0.0
+        priced = price.cost(prompt_tokens, completion_tokens) if price else None
+        cost, source = answer_cost(reported, priced)
+        if source == REPORT_REFUSED:
+            if not self._refused_reports:
+                log.warning("%s reported usage.cost %r for an answer priced $%.6f: not "
+                            "believed; counted at its price (cost_source %r; status counts "
+                            "them)", backend.name, reported, cost, REPORT_REFUSED)
+            self._refused_reports += 1
+        return cost, source
 
-    def _billed(self, backend: Backend, e: BackendError) -> float:
-        if e.usage is None:
-            return 0.0
-        return self._cost(backend, e.usage.cost, e.usage.prompt_tokens or 0,
-                          e.usage.completion_tokens or 0)
+    def _billed(self, backend: Backend, e: BackendError, worst_usd: float) -> float:
+        """What a failed attempt may have cost: its usage where the error carries it; its worst
+        case where the endpoint accepted it and its answer could not be read."""
+        if e.usage is not None:
+            return self._cost(backend, e.usage.cost, e.usage.prompt_tokens or 0,
+                              e.usage.completion_tokens or 0)[0]
+        return worst_usd if e.billed_unknown else 0.0
+
+    def _on_generation_id(self, prompt: Prompt, attempts: BilledAttempts, gen: str) -> None:
+        attempts.gen = gen
+        self._journal_quietly("gen", prompt, gen=gen)
+
+    def _on_attempt_error(self, e: BackendError, backend: Backend, reservation: Reservation,
+                          attempts: BilledAttempts, counters: DatasetCounters) -> None:
+        """Each failed attempt: the backend's health, and the attempt's bill charged at once.
+        No retry once the budget cannot hold the request's reservation beside what it spent."""
+        self._slots.note_result(backend, failed=e.retryable)
+        billed = self._billed(backend, e, reservation.usd)
+        gen, attempts.gen = attempts.gen, None
+        if not billed:
+            return
+        attempts.usd += billed
+        counters.cost += billed
+        if e.billed_unknown and gen:
+            attempts.unknown.append((gen, billed))
+        if not self.ledger.charge(billed) and e.retryable:
+            e.retryable = False
+            e.message += " (not retried: budget.usd cannot take another attempt)"
+
+    async def _learn_bills(self, backend: Backend, attempts: BilledAttempts,
+                           counters: DatasetCounters) -> None:
+        """Attempts counted at their worst case (answers that could not be read): where the
+        endpoint tells what it billed (OpenRouter's generation lookup, ASK_BILL_S at most),
+        that believable bill replaces the worst case."""
+        for gen, counted in attempts.unknown:
+            try:
+                billed = await asyncio.wait_for(backend.billed_usd(gen), ASK_BILL_S)
+            except TimeoutError:
+                billed = None
+            if billed is None or not believable(billed, 0.0, counted * REPORTED_COST_RATIO):
+                continue
+            self.ledger.correct(counted, billed)
+            attempts.usd += billed - counted
+            counters.cost += billed - counted
+        attempts.unknown.clear()
 
     def _count_answer(self, counters: DatasetCounters, raw: RawAnswer, rebuilt: Rebuilt,
                       cost: float) -> None:
@@ -826,7 +902,7 @@ class Runner:
         counters.not_exact += rebuilt.token_check != "exact"
 
     def _on_failure(self, item: Pending, backend: Backend, e: BackendError,
-                    counters: DatasetCounters) -> None:
+                    counters: DatasetCounters, billed_usd: float = 0.0) -> None:
         assert item.prompt is not None
         if e.permanent_for_backend:
             # Not the prompt's fault: give it to another backend.
@@ -834,10 +910,12 @@ class Runner:
             self.queues[item.dataset].appendleft(item)
             self._journal_quietly("dropped", item.prompt, reason=e.kind)
             return
-        self._write_failure(item.prompt, backend, e.kind, e.message, e.status, counters)
+        self._write_failure(item.prompt, backend, e.kind, e.message, e.status, counters,
+                            billed_usd)
 
     def _write_failure(self, prompt: Prompt, backend: Backend | None, kind: str, message: str,
-                       status: int | None, counters: DatasetCounters) -> None:
+                       status: int | None, counters: DatasetCounters,
+                       billed_usd: float = 0.0) -> None:
         counters.failed += 1
         counters.failure_kinds[kind] += 1
         try:
@@ -846,6 +924,7 @@ class Runner:
                 "backend": backend.name if backend else None,
                 "kind": kind, "status": status, "message": redact(message),
                 "created_at": round(time.time(), 3),
+                **({"cost_usd": round(billed_usd, 8)} if billed_usd else {}),
             })
             self._journal("failed", prompt, kind=kind)
         except StoreError as err:
@@ -924,6 +1003,8 @@ class Runner:
                 "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
                 "cost_usd_total": round(t.cost + t.cost_before, 6),
                 "unsettled_usd": round(self._unsettled_usd, 6),
+                **({"cost_reports_refused": self._refused_reports}
+                   if self._refused_reports else {}),
                 **({"rescued": len(self._parked), "rescue_file": str(self._rescue_file)}
                    if self._parked else {})}
 
@@ -990,9 +1071,10 @@ def render_within(fmt: Format, prompts: list[Prompt], context_length: int | None
 
 
 def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: Rebuilt,
-                backend: Backend, cost: float, latency_s: float, retries: int
-                ) -> dict[str, Any]:
-    """One line of responses.jsonl ("id" first, for people reading the file)."""
+                backend: Backend, cost: float, latency_s: float, retries: int, *,
+                cost_source: str) -> dict[str, Any]:
+    """One line of responses.jsonl ("id" first, for people reading the file). `cost`: the
+    answer's and its billed failed attempts'."""
     flags = list(rebuilt.flags)
     if raw.prompt_ids is not None and raw.prompt_ids != input_ids:
         flags.append("prompt_ids_differ_from_engine")
@@ -1022,6 +1104,7 @@ def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: R
         "model": raw.model,
         "usage": raw.usage.as_dict(),
         "cost_usd": round(cost, 8),
+        "cost_source": cost_source,
         "request_id": raw.request_id,
         "latency_s": round(latency_s, 3),
         "retries": retries,

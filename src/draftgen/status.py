@@ -24,10 +24,11 @@ from draftgen.scale.shards import RunPart, ShardSpec, is_sharded, run_parts
 from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash, str_code, union_of_sorted
 from draftgen.store.fast_index import IndexColumns, load_index_columns, torn_tail_bytes
-from draftgen.store.journal import JournalTail, read_journal
+from draftgen.store.journal import JournalTail, as_usd, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
 from draftgen.store.rescue import Rescued, read_rescued
+from draftgen.store.resume import spend_in
 from draftgen.store.runinfo import read_run_json, session_unsettled_usd
 
 WINDOW_S = 300.0
@@ -90,6 +91,8 @@ class DatasetStatus:
     out_of_attempts: int = 0
     in_flight: int = 0
     quarantined: int = 0
+    cost_not_kept_usd: float = 0.0
+    """Spent on no answer counted above: quarantined answers, billed failed requests."""
     truncated: int = 0
     not_exact: int = 0
     by_backend: dict[str, Sums] = field(default_factory=dict)
@@ -115,7 +118,8 @@ class DatasetStatus:
 
     def merge(self, other: DatasetStatus) -> None:
         for name in ("duplicates", "failed_attempts", "out_of_attempts", "in_flight",
-                     "quarantined", "truncated", "not_exact", "old_schema", "bad_lines"):
+                     "quarantined", "truncated", "not_exact", "old_schema", "bad_lines",
+                     "cost_not_kept_usd"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.sums.add(other.sums)
         self.failed_by_kind.update(other.failed_by_kind)
@@ -147,6 +151,7 @@ class DatasetStatus:
             "truncated": self.truncated,
             "not_exact": self.not_exact,
             "quarantined": self.quarantined,
+            "cost_not_kept_usd": round(self.cost_not_kept_usd, 6),
             "duplicates": self.duplicates,
             "old_schema": self.old_schema,
             "bad_lines": self.bad_lines,
@@ -197,6 +202,9 @@ class RunStatus:
     rescue_files: list[str] = field(default_factory=list)
     rescue_error: str | None = None
     """Why a rescue file could not be read (then none is counted)."""
+    cost_reports_refused: int = 0
+    """Answers and billed failures whose reported cost was not believed (counted at their
+    price instead), as the sessions recorded them."""
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -214,6 +222,7 @@ class RunStatus:
             "in_flight_ids": [r.id for r in self.journal.open][:100],
             "in_flight_worst_usd": round(self.journal.open_usd, 6),
             "unsettled_usd": round(self.unsettled_usd, 6),
+            "cost_reports_refused": self.cost_reports_refused,
             "rescued": self.rescued,
             "rescue_files": self.rescue_files,
             "notes": self.notes,
@@ -371,6 +380,7 @@ def _failures(path: Path, size: int, done: np.ndarray, max_attempts: int, d: Dat
             continue
         attempts[row["id"]] += 1
         last[row["id"]] = str(row.get("kind") or "unknown")
+        d.cost_not_kept_usd += as_usd(row.get("cost_usd"))
         if isinstance(row.get("created_at"), int | float):
             times[row["id"]] = float(row["created_at"])
     d.failed_attempts = sum(attempts.values())
@@ -576,6 +586,7 @@ def _folder_status(f: _Folder, answered: dict[str, np.ndarray], now: float) -> R
         failed_at[name] = _failures(f.layout.failures(name), f.sizes[name].failures,
                                     answered[name], max_attempts, d)
         d.quarantined = _count_lines(f.layout.quarantine(name))
+        d.cost_not_kept_usd += spend_in(f.layout.quarantine(name))
         last_failure = max(failed_at[name].values(), default=None)
         last_activity = _max(last_activity, _max(d.last_t, last_failure))
     journal = read_journal(f.layout.journal, f.journal_size)
@@ -597,6 +608,7 @@ def _folder_status(f: _Folder, answered: dict[str, np.ndarray], now: float) -> R
         last_outcome=sessions[-1].get("outcome") if sessions else None,
         datasets=f.datasets, total=total, journal=journal,
         unsettled_usd=sum(map(session_unsettled_usd, sessions)),
+        cost_reports_refused=sum(map(_reports_refused, sessions)),
         rescued=len(rescued), rescue_files=[str(p) for p in rescued.files],
         rescue_error=rescue_error,
     )
@@ -742,6 +754,7 @@ def _sharded_status(root: Path, parts: list[RunPart], now: float | None) -> RunS
         shards=[ShardStatus(p, _shard_state(st), st) for p, st in zip(parts, statuses,
                                                                         strict=True)],
         unsettled_usd=sum(st.unsettled_usd for st in statuses),
+        cost_reports_refused=sum(st.cost_reports_refused for st in statuses),
         rescued=sum(st.rescued for st in statuses),
         rescue_files=[p for st in statuses for p in st.rescue_files],
     )
@@ -773,7 +786,7 @@ def _in_flight(journal: JournalTail, datasets: dict[str, DatasetStatus],
 
 def _notes(st: RunStatus, journal: JournalTail) -> list[str]:
     return [*_totals_note(st), *_folder_notes(st, journal), *_stop_note(st),
-            *_rescue_note(st), *_unsettled_note(st)]
+            *_rescue_note(st), *_unsettled_note(st), *_spend_notes(st)]
 
 
 def _totals_note(st: RunStatus) -> list[str]:
@@ -839,6 +852,25 @@ def _unsettled_note(st: RunStatus) -> list[str]:
             "the $ above; counted as spent against budget.usd"]
 
 
+def _spend_notes(st: RunStatus) -> list[str]:
+    notes = []
+    if st.total.cost_not_kept_usd:
+        notes.append(f"${st.total.cost_not_kept_usd:,.4f} spent on quarantined answers and "
+                     "billed failed requests: not in the $ above; counted as spent against "
+                     "budget.usd")
+    if st.cost_reports_refused:
+        notes.append(f"{st.cost_reports_refused:,} answers or billed failures reported a cost "
+                     "that was not believed (0, negative, not a number, or far from the "
+                     "price): counted at their price (cost_source priced_report_refused)")
+    return notes
+
+
+def _reports_refused(session: Any) -> int:
+    summary = session.get("summary") if isinstance(session, dict) else None
+    n = summary.get("cost_reports_refused") if isinstance(summary, dict) else None
+    return n if isinstance(n, int) else 0
+
+
 def _missing_shards(parts: list[RunPart]) -> list[str]:
     """The shards ("I/N") of each shard count N seen that have no folder."""
     present: dict[int, set[int]] = {}
@@ -857,7 +889,7 @@ def _sharded_notes(st: RunStatus, repeats: Counter[str]) -> list[str]:
                                                *_stop_note(own), *_rescue_note(own)])
     notes.extend(f"{name}: {n:,} prompts answered in two shard folders (a re-sharded run): "
                  "counted once; export keeps the first" for name, n in repeats.items() if n)
-    return [*notes, *_unsettled_note(st)]
+    return [*notes, *_unsettled_note(st), *_spend_notes(st)]
 
 
 # ---- showing it -------------------------------------------------------------------------------

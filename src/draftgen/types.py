@@ -276,6 +276,9 @@ class BackendError(Exception):
         """Billed usage reported with the error, if any (failed requests can be billed)."""
         self.permanent_for_backend = permanent_for_backend
         """The backend itself is unusable (out of credits, bad key): stop dispatching to it."""
+        self.billed_unknown = False
+        """The endpoint accepted the request (HTTP 200) and may have billed it, but its answer
+        could not be read (a broken body, a stream cut): the bill is unknown."""
 
     def __str__(self) -> str:
         status = f" (HTTP {self.status})" if self.status else ""

@@ -83,14 +83,18 @@ def test_a_malformed_tool_call_fails_alone(tmp_path: Path, qwen3_dir: Path, reli
 
 
 RSS_PROBE = """
-import atexit, resource, sys
-atexit.register(lambda: print(
-    "PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr))
+import atexit, re, sys
+def peak_kb():
+    with open("/proc/self/status") as f:
+        return re.search(r"VmHWM:\\s+(\\d+) kB", f.read())[1]
+atexit.register(lambda: print("PEAK_RSS_KB", peak_kb(), file=sys.stderr))
 from draftgen.cli import app
 sys.argv = ["draftgen", *sys.argv[1:]]
 app()
 """
-"""`draftgen` with its peak RSS printed on stderr at exit."""
+"""`draftgen` with its peak RSS printed on stderr at exit: this process's own high-water mark
+(VmHWM), not `ru_maxrss`, which Linux carries over from the parent across fork and exec (an
+xdist worker holding 900 MB would be counted)."""
 HUGE_MB = 1024
 CAP_MB = 8
 PEAK_MB = 768

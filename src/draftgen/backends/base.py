@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import email.utils
+import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,7 +146,8 @@ class Backend(ABC):
         """POST a JSON body, return the parsed JSON answer and its headers; map every failure
         (HTTP status, error body, transport) to BackendError."""
         raw, headers = await self.post_bytes(url, body)
-        return parse_json_body(raw), headers
+        with reading_billed_answer():
+            return parse_json_body(raw), headers
 
     async def post_bytes(self, url: str, body: Mapping[str, Any]
                          ) -> tuple[bytes, Mapping[str, str]]:
@@ -154,10 +157,10 @@ class Backend(ABC):
             async with self.session.post(url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
                 note_generation_id(resp.headers)
-                raw = await self.read_body(resp)
                 if resp.status != 200:
-                    raise error_from_http(resp.status, raw, resp.headers)
-                return raw, resp.headers
+                    raise error_from_http(resp.status, await self.read_body(resp), resp.headers)
+                with reading_billed_answer():
+                    return await self.read_body(resp), resp.headers
         except BackendError:
             raise
         except Exception as e:
@@ -185,6 +188,27 @@ def too_large(limit: int) -> BackendError:
     """An answer (a body, or a stream's bytes in all) over the backend's `max_response_mb`."""
     return BackendError("response_too_large", f"answer larger than {limit / 2**20:g} MB "
                         "(max_response_mb): not read further", retryable=False)
+
+
+_UNREAD_KINDS = frozenset({"bad_response", "connection", "timeout", "incomplete_stream",
+                           "response_too_large"})
+"""Errors that leave an accepted answer unread (not an error the endpoint answered with)."""
+
+
+@contextlib.contextmanager
+def reading_billed_answer() -> Iterator[None]:
+    """Around reading an answer the endpoint accepted (HTTP 200): an answer that cannot be read
+    (a broken body, a stream cut off) may well have been billed, so its error is marked
+    `billed_unknown` unless it carries its usage."""
+    try:
+        yield
+    except BackendError as e:
+        e.billed_unknown = e.usage is None and e.kind in _UNREAD_KINDS
+        raise
+    except Exception as e:
+        error = transport_error(e)
+        error.billed_unknown = True
+        raise error from None
 
 
 def transport_error(e: BaseException) -> BackendError:
@@ -312,8 +336,19 @@ def parse_usage(usage: Mapping[str, Any] | None) -> Usage:
         completion_tokens=_int_or_none(usage.get("completion_tokens")),
         reasoning_tokens=_int_or_none(details.get("reasoning_tokens")),
         cached_tokens=_int_or_none(prompt_details.get("cached_tokens")),
-        cost=float(cost) if isinstance(cost, int | float) else None,
+        cost=_reported_cost(cost),
     )
+
+
+def _reported_cost(cost: Any) -> float | None:
+    """`usage.cost` as a float; NaN for one that is not a number (refused by the budget, see
+    `budget.answer_cost`), None when there is none."""
+    if cost is None:
+        return None
+    if isinstance(cost, int | float) and not isinstance(cost, bool):
+        with contextlib.suppress(OverflowError):
+            return float(cost)
+    return math.nan
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import aiohttp
 import msgspec
 import orjson
 
@@ -33,6 +34,7 @@ from draftgen.backends.base import (
     note_generation_id,
     parse_json_body,
     parse_usage,
+    reading_billed_answer,
     too_large,
     transport_error,
 )
@@ -134,35 +136,39 @@ class OpenAIChatBackend(Backend):
         body = self.build_body(prompt, max_tokens)
         if not self.cfg.stream:
             raw, headers = await self.post_bytes(self.url, body)
-            return answer_from_body(raw, headers, self._spellings)
+            with reading_billed_answer():
+                return answer_from_body(raw, headers, self._spellings)
         try:
             async with self.session.post(self.url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
                 if resp.status != 200:
                     raise error_from_http(resp.status, await self.read_body(resp), resp.headers)
                 note_generation_id(resp.headers)
-                if resp.content_type == "application/json":
-                    # Not a stream: an error body sent with 200, or a server that ignores
-                    # "stream": read it as the JSON answer it is.
-                    return answer_from_body(await self.read_body(resp), resp.headers,
-                                            self._spellings)
-                acc = StreamAccumulator(request_id=resp.headers.get("X-Generation-Id"))
-                limit, seen = self.max_response_bytes, 0
-                # Whatever arrived, split into lines here: an await per network read instead
-                # of one per SSE line (about 3x less event-loop time per streamed answer).
-                async for data in resp.content.iter_any():
-                    seen += len(data)
-                    if seen > limit:
-                        raise too_large(limit)
-                    if acc.feed(data):
-                        break
-                else:
-                    acc.feed_end()
-                return acc.finish()
+                with reading_billed_answer():
+                    return await self._read_answer(resp)
         except BackendError:
             raise
         except Exception as e:
             raise transport_error(e) from None
+
+    async def _read_answer(self, resp: aiohttp.ClientResponse) -> RawAnswer:
+        if resp.content_type == "application/json":
+            # Not a stream: an error body sent with 200, or a server that ignores
+            # "stream": read it as the JSON answer it is.
+            return answer_from_body(await self.read_body(resp), resp.headers, self._spellings)
+        acc = StreamAccumulator(request_id=resp.headers.get("X-Generation-Id"))
+        limit, seen = self.max_response_bytes, 0
+        # Whatever arrived, split into lines here: an await per network read instead
+        # of one per SSE line (about 3x less event-loop time per streamed answer).
+        async for data in resp.content.iter_any():
+            seen += len(data)
+            if seen > limit:
+                raise too_large(limit)
+            if acc.feed(data):
+                break
+        else:
+            acc.feed_end()
+        return acc.finish()
 
 
 def price_from_listing(listing: Any, model: str) -> Price | None:

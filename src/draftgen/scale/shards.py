@@ -8,6 +8,8 @@ the run folder and read every shard in it as one run (`run_folders`).
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,12 +19,15 @@ from typing import Any
 import numpy as np
 
 from draftgen.scale.folders import SHARDS_DIR
+from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash
 from draftgen.store.layout import RunLayout
-from draftgen.store.lock import lock_holder
+from draftgen.store.lock import RunLock, RunLocked, lock_holder
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _FOLDER = re.compile(r"^(\d+)-of-(\d+)$")
+LAYOUT_GUARD = "layout.lock"
+"""In output_dir: held while a run checks the layouts live there and takes its folder's lock."""
 
 
 class ShardError(ValueError):
@@ -146,6 +151,45 @@ def live_parts(parts: Sequence[RunPart]) -> list[tuple[RunPart, dict[str, Any]]]
     """The parts a live draftgen run holds, with the holder's lock info (pid, host)."""
     held = ((p, lock_holder(RunLayout(p.folder).lock)) for p in parts)
     return [(p, holder) for p, holder in held if holder is not None]
+
+
+class LayoutConflict(RunLocked):
+    """A run of another layout (unsharded, or another shard count) is live on the output_dir."""
+
+
+def claim_run_folder(run_root: Path, shard: ShardSpec | None, lock: RunLock) -> None:
+    """Take `lock` (the run folder's own), refused while a run of another layout is live on the
+    same output_dir (an unsharded run beside shards, shards of another count): the two would
+    answer the same prompts twice and each spend the budget as if alone. The check and the
+    taking happen under an flock on output_dir/LAYOUT_GUARD, so that two runs starting at once
+    cannot both pass it. Shards of one count run side by side, as they are meant to."""
+    root = Path(run_root)
+    guard = root / LAYOUT_GUARD
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise StoreError(f"{guard}: cannot open: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        parts = [RunPart(root), *(RunPart(f, shard_of_folder(f)) for f in shard_folders(root))]
+        mine = shard.count if shard else None
+        for part, holder in live_parts(parts):
+            if (part.shard.count if part.shard else None) != mine:
+                raise LayoutConflict(_conflict_message(root, part, holder, shard))
+        lock.acquire()
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _conflict_message(root: Path, live: RunPart, holder: dict[str, Any],
+                      shard: ShardSpec | None) -> str:
+    theirs = f"shard {live.label}" if live.shard else "an unsharded run"
+    mine = f"shard {shard}" if shard else "an unsharded run"
+    return (f"{root}: {theirs} is running on this output_dir (pid {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')}); {mine} cannot run beside it (one output_dir has one "
+            f"layout at a time: both would answer the same prompts and spend the budget). Let "
+            f"it finish or stop it (draftgen stop {root}), then run again")
 
 
 def seen_earlier(hashes: Sequence[np.ndarray]) -> list[np.ndarray]:

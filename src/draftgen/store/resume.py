@@ -24,6 +24,7 @@ import orjson
 from draftgen.store.columns import id_hash, union_of_sorted
 from draftgen.store.fast_index import catch_up_index, load_index_columns
 from draftgen.store.index import read_index
+from draftgen.store.journal import as_usd
 from draftgen.store.layout import RunLayout
 
 log = logging.getLogger("draftgen.store")
@@ -90,6 +91,10 @@ class DatasetOnDisk:
     bad_lines: int = 0
     output_tokens: int = 0
     cost: float = 0.0
+    """Of the answers in responses.jsonl."""
+    cost_not_kept: float = 0.0
+    """Spent on no answer responses.jsonl holds: billed failed requests (failures.jsonl) and
+    quarantined answers (quarantine.jsonl). Spend all the same."""
     from_columns: bool = False
     """The done IDs were read from the binary copy (not the JSON index)."""
 
@@ -189,8 +194,25 @@ def read_elsewhere(folder: Path) -> StoredElsewhere:
             continue
         stored.ids[dataset] = rows["idh"]
         stored.output_tokens[dataset] = int(rows["out"].sum())
-        stored.cost[dataset] = float(rows["cost"].sum())
+        stored.cost[dataset] = float(rows["cost"].sum()) + sum(
+            spend_in(path) for path in (layout.failures(dataset), layout.quarantine(dataset)))
     return stored
+
+
+def spend_in(path: Path) -> float:
+    """The `cost_usd` of every line of a JSONL file (quarantined answers, billed failures);
+    a line that does not parse (a torn tail being written) counts as nothing."""
+    if not path.exists():
+        return 0.0
+    usd = 0.0
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            usd += as_usd(row.get("cost_usd")) if isinstance(row, dict) else 0.0
+    return usd
 
 
 def done_elsewhere(stored: Iterable[StoredElsewhere], dataset: str) -> DoneIds:
@@ -211,6 +233,7 @@ def failed_attempts(path: Path, into: DatasetOnDisk) -> None:
                 continue
             into.failed_attempts[row.get("id")] += 1
             into.failure_kinds[row.get("kind", "unknown")] += 1
+            into.cost_not_kept += as_usd(row.get("cost_usd"))
 
 
 def scan_dataset(layout: RunLayout, dataset: str) -> tuple[DatasetOnDisk, list[TornTail]]:
@@ -227,6 +250,7 @@ def scan_dataset(layout: RunLayout, dataset: str) -> tuple[DatasetOnDisk, list[T
     on_disk = DatasetOnDisk()
     completed(layout, dataset, on_disk)
     failed_attempts(layout.failures(dataset), on_disk)
+    on_disk.cost_not_kept += spend_in(layout.quarantine(dataset))
     if on_disk.duplicates:
         log.warning("%s: %d duplicate answer lines", layout.responses(dataset), on_disk.duplicates)
     if on_disk.bad_lines:

@@ -221,6 +221,10 @@ class ServerConfig:
     providers: list[str] = field(default_factory=lambda: ["TestProvider"])
     prices: Prices | tuple[float, float] | Mapping[str, float] | None = None
     """USD per million tokens (prompt, completion); when set, usage carries `cost`."""
+    reported_cost: float | str | None = None
+    """With `prices`: sent as every answer's `usage.cost` (and the generation record's
+    `total_cost`) instead of the priced cost: 0 (as OpenRouter reports bring-your-own-key
+    requests), a negative or absurd number, or a non-number such as "NaN"."""
     latency_s: float = 0.0
     """Sleep before answering each chat or generate request."""
     reasoning_tokens: tuple[int, int] = (30, 300)
@@ -1095,7 +1099,11 @@ class ReplyContext:
 
 
 def usage_json(
-    prompt_tokens: int, completion_tokens: int, reasoning_tokens: int, prices: Prices | None
+    prompt_tokens: int,
+    completion_tokens: int,
+    reasoning_tokens: int,
+    prices: Prices | None,
+    reported_cost: float | str | None = None,
 ) -> Json:
     usage: Json = {
         "prompt_tokens": prompt_tokens,
@@ -1105,7 +1113,8 @@ def usage_json(
         "prompt_tokens_details": {"cached_tokens": 0},
     }
     if prices is not None:
-        usage["cost"] = prices.cost(prompt_tokens, completion_tokens)
+        priced = prices.cost(prompt_tokens, completion_tokens)
+        usage["cost"] = priced if reported_cost is None else reported_cost
     return usage
 
 
@@ -1121,7 +1130,7 @@ def error_json(kind: str, ctx: ReplyContext, label: str, config: ServerConfig,
     body: Json = {"error": {"code": spec.code, "message": _echoed(spec.message, auth, config),
                             "metadata": metadata}}
     if kind in _BILLED:
-        body["usage"] = usage_json(len(ctx.prompt_ids), 0, 0, config.price)
+        body["usage"] = usage_json(len(ctx.prompt_ids), 0, 0, config.price, config.reported_cost)
     return body
 
 
@@ -1195,7 +1204,11 @@ class _ChatReply:
     def usage(self) -> Json:
         comp = self.comp
         return usage_json(
-            len(self.ctx.prompt_ids), len(comp.ids), comp.reasoning_tokens, self.config.price
+            len(self.ctx.prompt_ids),
+            len(comp.ids),
+            comp.reasoning_tokens,
+            self.config.price,
+            self.config.reported_cost,
         )
 
     @property
