@@ -44,6 +44,7 @@ from draftgen.export.source import (
     open_run,
 )
 from draftgen.export.writers import ParquetSink, Sink, SpecForgeSink, SpeculatorsSink
+from draftgen.scale.shards import run_folder_at_or_above, run_folder_below
 
 log = logging.getLogger("draftgen.export")
 
@@ -155,10 +156,35 @@ def _staging_dir(opts: ExportOptions) -> Path:
     out = opts.out
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not opts.overwrite:
-        raise ExportError(f"--out {out}: folder is not empty (pass --overwrite to replace it)")
+    _refuse_run_folders(out)
+    if out.is_dir() and any(out.iterdir()):
+        if not opts.overwrite:
+            raise ExportError(f"--out {out}: folder is not empty (pass --overwrite to replace "
+                              "it)")
+        _refuse_replacing(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+
+
+def _refuse_run_folders(out: Path) -> None:
+    """An export never writes in a run folder (its staging folder goes next to --out)."""
+    run = run_folder_at_or_above(out)
+    if run is not None:
+        where = "is" if run == out.resolve() else "is inside"
+        raise ExportError(f"--out {out}: {where} the run folder {run}; export never writes in "
+                          "a run folder: choose a folder outside it")
+
+
+def _refuse_replacing(out: Path) -> None:
+    """--overwrite replaces only an earlier export: a folder holding draftgen's manifest and no
+    run folder."""
+    if not (out / MANIFEST).is_file():
+        raise ExportError(f"--out {out}: not a draftgen export (no {MANIFEST}); --overwrite "
+                          "replaces only a folder draftgen exported: choose another --out")
+    run = run_folder_below(out)
+    if run is not None:
+        raise ExportError(f"--out {out}: holds the run folder {run}; --overwrite would delete "
+                          "it: choose another --out")
 
 
 def _make_sink(opts: ExportOptions, staging: Path, source: RunSource, tok: RunTokenizer,

@@ -8,6 +8,7 @@ the run folder and read every shard in it as one run (`run_folders`).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,6 +102,27 @@ def run_folders(run_root: Path) -> list[Path]:
 def _holds_run(folder: Path) -> bool:
     layout = RunLayout(folder)
     return layout.run_json.exists() or bool(layout.dataset_names())
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether the folder holds a run: its own run.json or answers, or shard folders."""
+    return _holds_run(folder) or bool(shard_folders(folder))
+
+
+def run_folder_at_or_above(path: Path) -> Path | None:
+    """The run folder that `path` is, or lies inside (nearest first); None when none."""
+    here = Path(path).resolve()
+    return next((p for p in (here, *here.parents) if p.is_dir() and is_run_folder(p)), None)
+
+
+def run_folder_below(path: Path) -> Path | None:
+    """A run folder somewhere inside `path` (not `path` itself), or None. Walks the whole
+    tree: meant for folders about to be deleted, which are small (an export)."""
+    for top, dirs, _ in os.walk(path):
+        for name in dirs:
+            if is_run_folder(Path(top) / name):
+                return Path(top) / name
+    return None
 
 
 @dataclass(frozen=True, slots=True)
