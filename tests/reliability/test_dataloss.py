@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
 from draftgen.testing.server import TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
-from tests.reliability.helpers import all_bytes, draftgen, prompt_rows, write_jsonl
+from tests.reliability.helpers import all_bytes, draftgen, no_probe, prompt_rows, write_jsonl
 
 pytestmark = pytest.mark.slow  # `draftgen` subprocesses
 
@@ -157,3 +158,133 @@ def test_report_onto_a_run_folder_is_refused(base: Base, tmp_path: Path, reliabi
     before = _snapshot(run_dir)
     proc = draftgen("report", str(run_dir), "--out", str(run_dir))
     _refused_intact(case, proc, before, run_dir)
+
+
+# ---- a resume with changed settings -------------------------------------------------------------
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _resume(base: Base, run_dir: Path, cfg: dict[str, Any], *args: str, new: int = 3) -> Any:
+    """`draftgen run` on `run_dir` (a copy of the base run) with the base config changed by
+    `cfg` and `new` prompts more to answer."""
+    data = write_jsonl(run_dir.parent / "d.jsonl",
+                       prompt_rows(ANSWERS, "g") + prompt_rows(new, f"n{len(args)}"))
+    config = _merge({**base.cfg, "output_dir": str(run_dir),
+                     "datasets": [{"name": "d", "path": str(data)}]}, cfg)
+    path = run_dir.parent / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return draftgen("run", str(path), "--no-live", *no_probe(), *args)
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in (run_dir / "d" / "responses.jsonl").read_bytes().splitlines()]
+
+
+def _sent(server: TestServer) -> int:
+    return sum(server.stats["requests"].values())
+
+
+CHANGES = [
+    ("model.name", {"model": {"name": "test/another-model"}}),
+    ("model.format", {"model": {"format": "qwen3-thinking"}}),
+    ("sampling.temperature", {"sampling": {"temperature": 0.0}}),
+    ("sampling.max_tokens", {"sampling": {"max_tokens": 96}}),
+    ("sampling.extra.min_p", {"sampling": {"extra": {"min_p": 0.05}}}),
+]
+
+
+@pytest.mark.parametrize("key,cfg", CHANGES, ids=[k for k, _ in CHANGES])
+def test_resume_with_a_data_setting_changed_is_refused(base: Base, tmp_path: Path, reliability,
+                                                       key: str, cfg: dict[str, Any]) -> None:
+    case = reliability(SCENARIO, f"resume with {key} changed: exit 2 naming it (old → new) "
+                       "and --accept-changed-settings; nothing sent, run.json kept")
+    run_dir = _copy_run(base, tmp_path / "run")
+    before = _snapshot(run_dir)
+    sent = _sent(base.server)
+    proc = _resume(base, run_dir, cfg)
+    _refused_settings(case, proc, before, run_dir, key)
+    assert _sent(base.server) == sent
+
+
+def _refused_settings(case: Any, proc: Any, before: dict[Path, bytes], run_dir: Path,
+                      key: str) -> None:
+    after = _snapshot(run_dir)
+    said = " ".join(proc.stderr.split())
+    case.runs += 1
+    case.lost += sum(1 for p in before if after.get(p) != before[p])
+    case.crashed += "Traceback" in proc.stderr or proc.returncode not in (0, 1, 2)
+    case.note(f"exit {proc.returncode}: `{said[:260]}`")
+    assert proc.returncode == 2, proc.stderr
+    assert f"{key}: " in said and "→" in said and "--accept-changed-settings" in said, said
+    assert after == before, "the run folder changed"
+    assert "Traceback" not in proc.stderr
+
+
+def test_resume_with_another_tokenizer_file_at_the_same_path_is_refused(
+        base: Base, tmp_path: Path, reliability, qwen3_dir: Path) -> None:
+    case = reliability(SCENARIO, "resume with another tokenizer file at the same path: exit 2 "
+                       "naming tokenizer.sha256; moving the same file elsewhere is allowed")
+    tok = tmp_path / "tok"
+    shutil.copytree(qwen3_dir, tok)
+    run_dir = _copy_run(base, tmp_path / "run")
+    moved = _resume(base, run_dir, {"model": {"tokenizer": str(tok)}}, new=1)
+    assert moved.returncode == 0, moved.stderr  # the same file at another path: the same data
+    with open(tok / "tokenizer.json", "ab") as f:
+        f.write(b"\n")  # another file, the same tokens: only its hash tells
+    before = _snapshot(run_dir)
+    proc = _resume(base, run_dir, {"model": {"tokenizer": str(tok)}}, new=2)
+    _refused_settings(case, proc, before, run_dir, "tokenizer.sha256")
+
+
+def test_resume_with_other_settings_that_do_not_change_the_data(base: Base, tmp_path: Path,
+                                                                reliability) -> None:
+    case = reliability(SCENARIO, "resume with concurrency, backend URL and budget changed: "
+                       "allowed, the new prompts answered")
+    run_dir = _copy_run(base, tmp_path / "run")
+    with TestServer(latency_s=0.0, reasoning_tokens=(3, 10), content_tokens=(3, 10)) as other:
+        backend = fast_backend("local", "sglang", other.url, concurrency=2)
+        proc = _resume(base, run_dir, {"backends": [backend], "budget": {"usd": 5.0},
+                                       "max_attempts": 5})
+        sent = _sent(other)
+    case.runs += 1
+    case.crashed += "Traceback" in proc.stderr
+    case.note(f"exit {proc.returncode}; {sent} new prompts sent to the new URL")
+    assert proc.returncode == 0, proc.stderr
+    assert sent == 3 and len(_records(run_dir)) == ANSWERS + 3
+    sessions = orjson.loads((run_dir / "run.json").read_bytes())["sessions"]
+    assert "accepted_changes" not in sessions[-1]
+
+
+def test_accepted_change_is_recorded_and_each_session_audited_by_its_own(
+        base: Base, tmp_path: Path, reliability) -> None:
+    case = reliability(SCENARIO, "resume with model.format changed and "
+                       "--accept-changed-settings: recorded per session, each answer names its "
+                       "session, audit passes both sessions' answers, --quarantine moves none")
+    run_dir = _copy_run(base, tmp_path / "run")
+    layout = "qwen3-thinking"
+    with TestServer(latency_s=0.0, reasoning_tokens=(3, 10), content_tokens=(3, 10),
+                    layout=layout) as other:
+        backend = fast_backend("local", "sglang", other.url, concurrency=8)
+        proc = _resume(base, run_dir, {"backends": [backend], "model": {"format": layout}},
+                       "--accept-changed-settings")
+    case.runs += 1
+    assert proc.returncode == 0, proc.stderr
+    sessions = orjson.loads((run_dir / "run.json").read_bytes())["sessions"]
+    assert sessions[-1]["accepted_changes"] == ['model.format: "qwen3" → "qwen3-thinking"']
+    assert [s["settings"]["model.format"] for s in sessions] == ["qwen3", layout]
+    records = _records(run_dir)
+    assert [r["session"] for r in records] == [0] * ANSWERS + [1] * 3
+    audit = draftgen("audit", str(run_dir), "--quarantine")
+    case.crashed += "Traceback" in proc.stderr + audit.stderr
+    case.note(f"run exit {proc.returncode}; audit --quarantine exit {audit.returncode}, "
+              f"{len(_records(run_dir))}/{ANSWERS + 3} answers kept")
+    case.lost += ANSWERS + 3 - len(_records(run_dir))
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert len(_records(run_dir)) == ANSWERS + 3
+    assert not (run_dir / "d" / "quarantine.jsonl").exists()
