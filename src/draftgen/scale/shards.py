@@ -105,8 +105,12 @@ def _holds_run(folder: Path) -> bool:
 
 
 def is_run_folder(folder: Path) -> bool:
-    """Whether the folder holds a run: its own run.json or answers, or shard folders."""
-    return _holds_run(folder) or bool(shard_folders(folder))
+    """Whether the folder holds a run: its own run.json or answers, or shard folders (False
+    where it cannot be read: an ancestor such as /home may hold folders of other users)."""
+    try:
+        return _holds_run(folder) or bool(shard_folders(folder))
+    except OSError:
+        return False
 
 
 def run_folder_at_or_above(path: Path) -> Path | None:
