@@ -288,3 +288,6 @@ def test_accepted_change_is_recorded_and_each_session_audited_by_its_own(
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert len(_records(run_dir)) == ANSWERS + 3
     assert not (run_dir / "d" / "quarantine.jsonl").exists()
+    exported = _export(run_dir, tmp_path / "export")
+    assert exported.returncode == 0, exported.stderr
+    assert "sessions differ in model, format" in " ".join(exported.stdout.split())

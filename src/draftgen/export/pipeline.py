@@ -45,6 +45,7 @@ from draftgen.export.source import (
 )
 from draftgen.export.writers import ParquetSink, Sink, SpecForgeSink, SpeculatorsSink
 from draftgen.scale.shards import run_folder_at_or_above, run_folder_below
+from draftgen.store.runinfo import SETTINGS, changed_settings
 
 log = logging.getLogger("draftgen.export")
 
@@ -143,6 +144,10 @@ def _notes(source: RunSource, opts: ExportOptions, tok: RunTokenizer) -> list[st
     if opts.checks and tok.stop_token_id is None:
         notes.append(f"stop-token checks skipped: the run's format/tokenizer is unavailable "
                      f"({tok.note})")
+    if _settings_differ(source):
+        notes.append("the run's sessions differ in model, format, tokenizer or sampling "
+                     "(accepted with --accept-changed-settings): the stop-token checks and the "
+                     "speculators `sampling` metadata follow the last session's settings")
     if opts.max_len is not None:
         how = ("dropped" if opts.overlong.value == "drop"
                else "cut to max-len (prompt kept whole; answer tail lost)")
@@ -150,6 +155,11 @@ def _notes(source: RunSource, opts: ExportOptions, tok: RunTokenizer) -> list[st
     order = f"shuffled (seed {opts.seed})" if opts.shuffle else "in run order"
     notes.append(f"rows {order}")
     return notes
+
+
+def _settings_differ(source: RunSource) -> bool:
+    recorded = [s.get(SETTINGS) for s in source.sessions if isinstance(s.get(SETTINGS), dict)]
+    return any(changed_settings(recorded[0], other) for other in recorded[1:])
 
 
 def _staging_dir(opts: ExportOptions) -> Path:
