@@ -291,3 +291,30 @@ def test_accepted_change_is_recorded_and_each_session_audited_by_its_own(
     exported = _export(run_dir, tmp_path / "export")
     assert exported.returncode == 0, exported.stderr
     assert "sessions differ in model, format" in " ".join(exported.stdout.split())
+
+
+def test_accepted_tokenizer_change_leaves_the_first_session_unjudged_not_quarantined(
+        base: Base, tmp_path: Path, reliability, qwen3_dir: Path) -> None:
+    case = reliability(SCENARIO, "another tokenizer file at the same path, accepted: audit "
+                       "says the earlier session's answers cannot be checked (their tokenizer "
+                       "is gone) and --quarantine moves none of them")
+    tok = tmp_path / "tok"
+    shutil.copytree(qwen3_dir, tok)
+    run_dir = _copy_run(base, tmp_path / "run")
+    assert _resume(base, run_dir, {"model": {"tokenizer": str(tok)}}, new=1).returncode == 0
+    with open(tok / "tokenizer.json", "ab") as f:
+        f.write(b"\n")
+    proc = _resume(base, run_dir, {"model": {"tokenizer": str(tok)}},
+                   "--accept-changed-settings", new=2)
+    assert proc.returncode == 0, proc.stderr
+    audit = draftgen("audit", str(run_dir), "--quarantine")
+    said = " ".join(audit.stdout.split())
+    case.runs += 1
+    case.crashed += "Traceback" in proc.stderr + audit.stderr
+    case.lost += ANSWERS + 3 - len(_records(run_dir))
+    shown = said[said.find("answer(s) not checked") - 4:][:80]
+    case.note(f"audit exit {audit.returncode}: `{shown}`; none quarantined")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    # session 0's tokenizer is still where it was (judged by it); session 1's file was changed
+    assert "1 answer(s) not checked" in said and "session 1 not audited" in said, said
+    assert len(_records(run_dir)) == ANSWERS + 3

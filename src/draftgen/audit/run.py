@@ -199,8 +199,9 @@ def _run_spec(folders: list[_Folder], tokenizer: Path | None) -> FormatSpec:
 def _session_judges(folders: list[_Folder], judges: Judges, tokenizer: Path | None
                     ) -> tuple[dict[Path, tuple[str, ...]], list[str]]:
     """Per folder, the judge of each of its sessions (`Chunk.judges`): the run's own where a
-    session's settings are the run's, else the session's own, added to `judges`; and notes on
-    sessions whose settings cannot be had."""
+    session's format, options and tokenizer hash are its last session's (whatever the file at
+    the tokenizer's path is now: `_tokenizer_note` tells), else the session's own, added to
+    `judges`; and notes on sessions whose settings cannot be had."""
     main = judges.specs.main
     out: dict[Path, tuple[str, ...]] = {}
     notes: list[str] = []
@@ -208,13 +209,14 @@ def _session_judges(folders: list[_Folder], judges: Judges, tokenizer: Path | No
         sessions = f.run_json.get("sessions") or []
         if not any(isinstance(s, dict) and SETTINGS in s for s in sessions):
             continue  # written before sessions recorded settings: all judged as the run's
+        latest_sha = (session_settings(f.run_json) or {}).get("tokenizer.sha256")
         keys = []
         for i in range(len(sessions)):
             settings = session_settings(f.run_json, i) or {}
             spec = _settings_spec(settings, main, tokenizer)
             sha = None if tokenizer else settings.get("tokenizer.sha256")
             if (spec.format, spec.options) == (main.format, main.options) and (
-                    sha in (None, judges.main.tokenizer.sha256)):
+                    sha in (None, latest_sha)):
                 keys.append("")
                 continue
             key = orjson.dumps([spec.tokenizer, sha, spec.format, spec.options],
@@ -318,8 +320,8 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
                             "when the audit started")
     if unjudged:
         report.notes.extend(session_notes)
-        report.notes.append(f"{unjudged:,} answers not audited (their session's settings "
-                            "cannot be had): counted as passing")
+        report.notes.append(f"{unjudged:,} answer(s) not checked: their session's tokenizer or "
+                            "format cannot be had (see above)")
     if report.problems.get("missing_fields"):
         report.notes.append("some records are from an older schema (fields missing): the "
                             "checks needing those fields were skipped for them")
