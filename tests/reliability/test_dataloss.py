@@ -14,6 +14,7 @@ import orjson
 import pytest
 import yaml
 
+from draftgen.audit.run import audit_run
 from draftgen.testing.server import TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
 from tests.reliability.helpers import all_bytes, draftgen, no_probe, prompt_rows, write_jsonl
@@ -288,6 +289,8 @@ def test_accepted_change_is_recorded_and_each_session_audited_by_its_own(
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert len(_records(run_dir)) == ANSWERS + 3
     assert not (run_dir / "d" / "quarantine.jsonl").exists()
+    pooled = audit_run(run_dir, workers=2, per_chunk=4)  # each worker judges every session
+    assert pooled.ok and pooled.answers == ANSWERS + 3, pooled.problems
     exported = _export(run_dir, tmp_path / "export")
     assert exported.returncode == 0, exported.stderr
     assert "sessions differ in model, format" in " ".join(exported.stdout.split())
