@@ -402,7 +402,8 @@ def export(
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="tokenizer.json to use instead of the one run.json names.")] = None,
     overwrite: Annotated[bool, typer.Option(
-        "--overwrite", help="Replace a non-empty --out folder.")] = False,
+        "--overwrite", help="Replace --out when it holds an earlier draftgen export (its "
+        "draftgen_export.json); any other folder, and a run folder, is refused.")] = False,
     skip_broken: Annotated[bool, typer.Option(
         "--skip-broken", help="Leave out (and count) rows that cannot be sound instead of "
         "failing.")] = False,
