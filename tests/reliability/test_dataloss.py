@@ -17,7 +17,14 @@ import yaml
 from draftgen.audit.run import audit_run
 from draftgen.testing.server import TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
-from tests.reliability.helpers import all_bytes, draftgen, no_probe, prompt_rows, write_jsonl
+from tests.reliability.helpers import (
+    all_bytes,
+    draftgen,
+    merge_config,
+    no_probe,
+    prompt_rows,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.slow  # `draftgen` subprocesses
 
@@ -164,19 +171,13 @@ def test_report_onto_a_run_folder_is_refused(base: Base, tmp_path: Path, reliabi
 # ---- a resume with changed settings -------------------------------------------------------------
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _resume(base: Base, run_dir: Path, cfg: dict[str, Any], *args: str, new: int = 3) -> Any:
+def _resume(base: Base, run_dir: Path, cfg: dict[str, Any], *args: str, new: int = 3,
+            tag: str = "n") -> Any:
     """`draftgen run` on `run_dir` (a copy of the base run) with the base config changed by
-    `cfg` and `new` prompts more to answer."""
+    `cfg` and `new` prompts more to answer (IDs tag0, tag1...)."""
     data = write_jsonl(run_dir.parent / "d.jsonl",
-                       prompt_rows(ANSWERS, "g") + prompt_rows(new, f"n{len(args)}"))
-    config = _merge({**base.cfg, "output_dir": str(run_dir),
+                       prompt_rows(ANSWERS, "g") + prompt_rows(new, tag))
+    config = merge_config({**base.cfg, "output_dir": str(run_dir),
                      "datasets": [{"name": "d", "path": str(data)}]}, cfg)
     path = run_dir.parent / "run.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -308,7 +309,7 @@ def test_accepted_tokenizer_change_leaves_the_first_session_unjudged_not_quarant
     with open(tok / "tokenizer.json", "ab") as f:
         f.write(b"\n")
     proc = _resume(base, run_dir, {"model": {"tokenizer": str(tok)}},
-                   "--accept-changed-settings", new=2)
+                   "--accept-changed-settings", new=2, tag="m")
     assert proc.returncode == 0, proc.stderr
     audit = draftgen("audit", str(run_dir), "--quarantine")
     said = " ".join(audit.stdout.split())
