@@ -336,7 +336,8 @@ def test_quarantine_then_resume_regenerates_exactly_those(tmp_path: Path,
     with TestServer() as local:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("local", "sglang", local.url, concurrency=4)],
-            datasets=[{"name": "d", "path": str(tmp_path / "d.jsonl")}])
+            datasets=[{"name": "d", "path": str(tmp_path / "d.jsonl")}],
+            sampling={"temperature": 0.6, "top_p": 0.95, "max_tokens": 4096})  # the run's
         outcome = run_config(cfg)
         sent = sum(local.stats["requests"].values())
     assert outcome.status == "completed" and sent == 3

@@ -484,8 +484,14 @@ def test_existing_output_needs_overwrite(run_dir: Path, tmp_path: Path) -> None:
     (out / "keep").write_text("x")
     with pytest.raises(ExportError, match="--overwrite"):
         export_run(run_dir, opts(out, ExportFormat.parquet))
+    with pytest.raises(ExportError, match="not a draftgen export"):
+        export_run(run_dir, opts(out, ExportFormat.parquet, overwrite=True))
+    assert (out / "keep").read_text() == "x"
+    (out / "keep").unlink()
+    export_run(run_dir, opts(out, ExportFormat.parquet))
+    (out / "stale").write_text("x")
     export_run(run_dir, opts(out, ExportFormat.parquet, overwrite=True))
-    assert not (out / "keep").exists() and (out / "data.parquet").exists()
+    assert not (out / "stale").exists() and (out / "data.parquet").exists()
 
 
 def test_cli_prints_what_was_written_and_excluded(run_dir: Path, tmp_path: Path) -> None:

@@ -161,6 +161,10 @@ def run(
     ray_address: Annotated[str | None, typer.Option(
         "--ray-address", metavar="ADDR", help="The Ray cluster to join with --ray (default: "
         "a local one).")] = None,
+    accept_changed_settings: Annotated[bool, typer.Option(
+        "--accept-changed-settings", help="Resume although the model, format, tokenizer or "
+        "sampling changed since the run's last session (refused otherwise): the change is "
+        "recorded in run.json and each answer names its session.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Generate answers; re-running the same command resumes. The backends are probed first (see
@@ -177,6 +181,9 @@ def run(
     spec = _shard_spec(shard, ray, ray_address, dry_run)
     if procs is not None:
         _check_procs_options(spec, ray, dry_run)
+    if accept_changed_settings and ((procs or 1) > 1 or ray is not None):
+        raise _fail("--accept-changed-settings: resume each shard with --shard I/N instead of "
+                    "--procs or --ray")
     if procs is not None and procs > 1:
         raise typer.Exit(_run_local(config, procs, probe=probe, verbose=verbose))
     if ray is not None:
@@ -192,8 +199,8 @@ def run(
                 _print_shard(plan, spec)
             return
         # asyncio's event loop, or uvloop's with DRAFTGEN_UVLOOP=1: see draftgen.perf.run
-        outcome = perf.run(Runner(plan, live_display=False if no_live else None,
-                                  probe=probe).execute())
+        outcome = perf.run(Runner(plan, live_display=False if no_live else None, probe=probe,
+                                  accept_changed_settings=accept_changed_settings).execute())
     except _user_errors() as e:
         raise _fail(str(e)) from None
     counters = outcome.counters
@@ -397,7 +404,8 @@ def export(
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="tokenizer.json to use instead of the one run.json names.")] = None,
     overwrite: Annotated[bool, typer.Option(
-        "--overwrite", help="Replace a non-empty --out folder.")] = False,
+        "--overwrite", help="Replace --out when it holds an earlier draftgen export (its "
+        "draftgen_export.json); any other folder, and a run folder, is refused.")] = False,
     skip_broken: Annotated[bool, typer.Option(
         "--skip-broken", help="Leave out (and count) rows that cannot be sound instead of "
         "failing.")] = False,

@@ -70,10 +70,13 @@ from draftgen.store.resume import (
     read_elsewhere,
 )
 from draftgen.store.runinfo import (
+    changed_settings,
+    data_settings,
     end_session,
     read_run_json,
     record_datasets,
     record_session,
+    session_settings,
     session_unsettled_usd,
     start_session,
 )
@@ -137,6 +140,10 @@ def prepare(cfg: RunConfig, shard: ShardSpec | None = None) -> Plan:
     return plan
 
 
+class SettingsChanged(ConfigError):
+    """A resume whose model, format, tokenizer or sampling differ from the run's."""
+
+
 @dataclass
 class Outcome:
     status: str
@@ -173,8 +180,11 @@ class Pending:
 
 class Runner:
     def __init__(self, plan: Plan, *, live_display: bool | None = None,
-                 probe: ProbeOptions | None = None, pool: BudgetPool | None = None) -> None:
+                 probe: ProbeOptions | None = None, pool: BudgetPool | None = None,
+                 accept_changed_settings: bool = False) -> None:
         self.plan = plan
+        self.accept_changed_settings = accept_changed_settings
+        """Resume even where the settings that define the data changed (`_settings_changes`)."""
         self.probe = probe
         """Probe the backends before the first request (`draftgen run` does; off by default)."""
         self.cfg = plan.cfg
@@ -458,9 +468,10 @@ class Runner:
         outcome = Outcome("failed", "interrupted")
         started = False
         try:
-            self.session = start_session(self.store.layout.run_json, self.cfg.redacted(), {
-                "path": str(self.plan.tokenizer.path), "sha256": self.plan.tokenizer.sha256,
-            })
+            tokenizer = {"path": str(self.plan.tokenizer.path),
+                         "sha256": self.plan.tokenizer.sha256}
+            self.session = start_session(self.store.layout.run_json, self.cfg.redacted(),
+                                         tokenizer, self._settings_changes(tokenizer))
             started = True
             try:
                 self._killed = self._killed_session()
@@ -494,6 +505,26 @@ class Runner:
                 lock.release()
         outcome.counters = self.counters
         return outcome
+
+    def _settings_changes(self, tokenizer: dict[str, Any]) -> list[str]:
+        """How the settings that define the data differ from the run's last session (from
+        another folder of the run for a new shard's): refused unless accepted, since answers
+        of both would be one run, audited and exported as one."""
+        earlier = None
+        for folder in (self.root, *self._other_run_folders()):
+            earlier = session_settings(read_run_json(RunLayout(folder).run_json))
+            if earlier is not None:
+                break
+        now = data_settings(self.cfg.redacted(), tokenizer)
+        changes = changed_settings(earlier, now) if earlier is not None else []
+        if changes and not self.accept_changed_settings:
+            raise SettingsChanged(
+                f"{self.root}: settings that define the data differ from the run's last "
+                f"session: {'; '.join(changes)}. Restore them, or use another output_dir, or "
+                f"pass --accept-changed-settings to go on (each answer records its session)")
+        if changes:
+            log.warning("%s: settings changed (accepted): %s", self.root, "; ".join(changes))
+        return changes
 
     async def _run_backends(self) -> Outcome:
         try:
@@ -790,7 +821,8 @@ class Runner:
                 backend, raw.usage.cost, raw.usage.prompt_tokens or len(input_ids),
                 raw.usage.completion_tokens or len(rebuilt.output_ids))
             record = make_record(prompt, input_ids, raw, rebuilt, backend, cost + attempts.usd,
-                                 time.monotonic() - started, retries, cost_source=source)
+                                 time.monotonic() - started, retries, cost_source=source,
+                                 session=self.session)
             self.store.append_record(prompt.dataset, record)
             written = True
             self.ledger.settle(reservation, len(rebuilt.output_ids), cost)
@@ -1072,7 +1104,7 @@ def render_within(fmt: Format, prompts: list[Prompt], context_length: int | None
 
 def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: Rebuilt,
                 backend: Backend, cost: float, latency_s: float, retries: int, *,
-                cost_source: str) -> dict[str, Any]:
+                cost_source: str, session: int | None = None) -> dict[str, Any]:
     """One line of responses.jsonl ("id" first, for people reading the file). `cost`: the
     answer's and its billed failed attempts'."""
     flags = list(rebuilt.flags)
@@ -1110,4 +1142,6 @@ def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: R
         "retries": retries,
         "created_at": round(time.time(), 3),
     })
+    if session is not None:
+        record["session"] = session  # which of run.json's sessions (and settings) wrote it
     return record

@@ -119,6 +119,15 @@ def prompt_rows(n: int, tag: str = "p") -> list[dict[str, Any]]:
         for i in range(n)]
 
 
+def merge_config(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """`a` with `b`'s keys over it, nested mappings merged key by key."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = (merge_config(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict)
+                  else v)
+    return out
+
+
 def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))

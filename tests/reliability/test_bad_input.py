@@ -22,6 +22,7 @@ from tests.e2e_helpers import fast_backend, run_config, write_config
 from tests.reliability.helpers import (
     check_folder,
     draftgen,
+    merge_config,
     no_probe,
     prompt_rows,
     write_jsonl,
@@ -71,18 +72,11 @@ def _bad_run(base: Base, tmp_path: Path, *, extra_lines: list[bytes] = (), new_r
     config = {**base.cfg, "output_dir": str(run_dir),
               "datasets": [{"name": "d", "path": str(data)}]}
     if cfg:
-        config = _merge(config, cfg)
+        config = merge_config(config, cfg)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     proc = draftgen("run", str(path), "--no-live", *args, env=env, timeout=timeout)
     return proc, run_dir, before, data
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def _intact(case: Any, proc: Any, run_dir: Path, before: bytes) -> None:

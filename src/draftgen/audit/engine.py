@@ -64,6 +64,42 @@ class FormatSpec:
                        self.options, Routing(dict(self.routing)))
 
 
+UNJUDGED = "-"
+"""The judge key of a session whose settings cannot be had (its tokenizer file changed since):
+its answers are counted, not checked."""
+
+
+@dataclass(frozen=True)
+class SessionSpecs:
+    """What a run's answers are judged by: the run's format (`main`, key "") and, for sessions
+    that resumed with other settings (`run --accept-changed-settings`), theirs, by key."""
+
+    main: FormatSpec
+    others: dict[str, FormatSpec] = field(default_factory=dict)
+
+    def load(self) -> Judges:
+        return Judges(self, self.main.load())
+
+
+class Judges:
+    """One Auditor per spec of a `SessionSpecs`, each loaded when first needed."""
+
+    def __init__(self, specs: SessionSpecs, main: Auditor) -> None:
+        self.specs = specs
+        self.main = main
+        self._loaded: dict[str, Auditor] = {"": main}
+
+    def auditor(self, key: str) -> Auditor:
+        if key not in self._loaded:
+            self._loaded[key] = self.specs.others[key].load()
+        return self._loaded[key]
+
+    def add(self, key: str, spec: FormatSpec, auditor: Auditor) -> None:
+        """Another session's spec, with its Auditor already loaded (by the main process)."""
+        self.specs.others[key] = spec
+        self._loaded[key] = auditor
+
+
 def _norm(text: str | None) -> str:
     """The text without any whitespace (providers strip or keep it at will)."""
     return "".join((text or "").split())
@@ -249,6 +285,17 @@ class Chunk:
     stop: int
     duplicates: frozenset[int] = frozenset()
     """End offsets of the lines in this range whose ID was answered earlier."""
+    judges: tuple[str, ...] = ()
+    """Per session of the file's run folder (run.json), the key of the spec its answers are
+    judged by (`SessionSpecs`); empty: all by the run's."""
+
+    def judge_of(self, record: dict[str, Any]) -> str:
+        """A record's judge: its session's; for one naming no session (written before records
+        named theirs), the first session's."""
+        session = record.get("session")
+        if isinstance(session, int) and 0 <= session < len(self.judges):
+            return self.judges[session]
+        return self.judges[0] if self.judges else ""
 
 
 @dataclass
@@ -262,6 +309,8 @@ class ChunkResult:
     fail_starts: array = field(default_factory=lambda: array("q"))
     fail_ends: array = field(default_factory=lambda: array("q"))
     fail_masks: array = field(default_factory=lambda: array("Q"))
+    unjudged: int = 0
+    """Answers of sessions whose settings cannot be had (UNJUDGED): counted, not checked."""
 
 
 def _lines(chunk: Chunk) -> list[tuple[int, int, bytes]]:
@@ -287,12 +336,12 @@ def _record(line: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) and isinstance(value.get("id"), str) else None
 
 
-def audit_chunk(auditor: Auditor, chunk: Chunk, examples: int = 5) -> ChunkResult:
+def audit_chunk(judges: Judges, chunk: Chunk, examples: int = 5) -> ChunkResult:
     result = ChunkResult(chunk.dataset)
     lines = _lines(chunk)
     parsed = [(s, e, _record(line)) for s, e, line in lines if line.strip()]
     records = [r for _, _, r in parsed if r is not None]
-    checked = iter(auditor.check(records))
+    checked = iter(_check_by_session(judges, chunk, records, result))
     for start, end, record in parsed:
         problems = next(checked) if record is not None else ["not_a_record"]
         if record is not None:
@@ -304,6 +353,22 @@ def audit_chunk(auditor: Auditor, chunk: Chunk, examples: int = 5) -> ChunkResul
         if problems:
             _note_failure(result, start, end, str(rid), problems, examples)
     return result
+
+
+def _check_by_session(judges: Judges, chunk: Chunk, records: list[dict[str, Any]],
+                      result: ChunkResult) -> list[list[str]]:
+    """Each record's problems, judged by its session's settings."""
+    keys = [chunk.judge_of(r) for r in records]
+    out: list[list[str]] = [[] for _ in records]
+    for key in dict.fromkeys(keys):
+        mine = [i for i, k in enumerate(keys) if k == key]
+        if key == UNJUDGED:
+            result.unjudged += len(mine)
+            continue
+        found = judges.auditor(key).check([records[i] for i in mine])
+        for i, problems in zip(mine, found, strict=True):
+            out[i] = problems
+    return out
 
 
 def _count_groups(result: ChunkResult, record: dict[str, Any], problems: list[str]) -> None:
@@ -332,10 +397,10 @@ def _note_failure(result: ChunkResult, start: int, end: int, rid: str, problems:
 
 # ---- worker processes ---------------------------------------------------------------------
 
-_WORKER: Auditor | None = None
+_WORKER: Judges | None = None
 
 
-def init_worker(spec: FormatSpec) -> None:
+def init_worker(spec: SessionSpecs) -> None:
     global _WORKER
     # One process per core already: the tokenizer's own threads would only contend.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"

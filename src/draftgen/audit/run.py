@@ -21,10 +21,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from draftgen.assets import resolve_builtin
 from draftgen.audit.checks import Routing
-from draftgen.audit.engine import Auditor, Chunk, ChunkResult, FormatSpec, audit_chunk, init_worker
+from draftgen.audit.engine import (
+    UNJUDGED,
+    Auditor,
+    Chunk,
+    ChunkResult,
+    FormatSpec,
+    Judges,
+    SessionSpecs,
+    audit_chunk,
+    init_worker,
+)
 from draftgen.audit.engine import run_chunk as _run_chunk
 from draftgen.audit.report import AuditReport, DatasetAudit
 from draftgen.formats import FormatError
@@ -32,6 +43,7 @@ from draftgen.scale.shards import RunPart, is_sharded, live_parts, run_parts
 from draftgen.status import StatusError, open_layout
 from draftgen.store.fast_index import load_index_columns, torn_tail_bytes
 from draftgen.store.layout import RunLayout
+from draftgen.store.runinfo import SETTINGS, session_settings
 from draftgen.tokenize import TokenizerError
 
 CHUNK_RECORDS = 256
@@ -63,13 +75,14 @@ def format_spec(run_json: dict[str, Any], tokenizer: Path | None = None) -> Form
     return FormatSpec(path, name, dict(options), Routing.from_config(config).by_backend)
 
 
-def _load(spec: FormatSpec) -> Auditor:
+def _load(spec: SessionSpecs) -> Judges:
     try:
         return spec.load()
     except TokenizerError as e:
         raise AuditError(f"cannot load the run's tokenizer: {e} (pass --tokenizer PATH)") from None
     except FormatError as e:
-        raise AuditError(f"cannot use the run's model format {spec.format!r}: {e}") from None
+        raise AuditError(f"cannot use the run's model format {spec.main.format!r}: {e}"
+                         ) from None
 
 
 # ---- planning ---------------------------------------------------------------------------------
@@ -107,28 +120,28 @@ def _duplicate_ends(files: list[_File]) -> tuple[dict[str, np.ndarray], dict[str
 
 
 def _chunks(name: str, path: Path, ends: np.ndarray, dups: np.ndarray, stop: int,
-            per_chunk: int) -> Iterator[Chunk]:
+            per_chunk: int, judges: tuple[str, ...] = ()) -> Iterator[Chunk]:
     """Byte ranges of about `per_chunk` records; the last one runs to the last newline."""
     start = 0
     for i in range(0, len(ends), per_chunk):
         last = i + per_chunk >= len(ends)
         end = stop if last else int(ends[min(i + per_chunk, len(ends)) - 1])
         lo, hi = np.searchsorted(dups, [start, end], side="right")
-        yield Chunk(name, str(path), start, end, frozenset(dups[lo:hi].tolist()))
+        yield Chunk(name, str(path), start, end, frozenset(dups[lo:hi].tolist()), judges)
         start = end
     if not len(ends) and stop > 0:
-        yield Chunk(name, str(path), 0, stop)
+        yield Chunk(name, str(path), 0, stop, judges=judges)
 
 
 # ---- running ----------------------------------------------------------------------------------
 
 
-def _in_process(auditor: Auditor, chunks: Iterator[Chunk]) -> Iterator[ChunkResult]:
+def _in_process(judges: Judges, chunks: Iterator[Chunk]) -> Iterator[ChunkResult]:
     for chunk in chunks:
-        yield audit_chunk(auditor, chunk)
+        yield audit_chunk(judges, chunk)
 
 
-def _in_pool(spec: FormatSpec, workers: int, chunks: Iterator[Chunk]) -> Iterator[ChunkResult]:
+def _in_pool(spec: SessionSpecs, workers: int, chunks: Iterator[Chunk]) -> Iterator[ChunkResult]:
     """Results in chunk order, at most 3 ranges per worker in flight."""
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                              initializer=init_worker, initargs=(spec,)) as pool:
@@ -183,6 +196,72 @@ def _run_spec(folders: list[_Folder], tokenizer: Path | None) -> FormatSpec:
     return FormatSpec(first.tokenizer, first.format, first.options, routing)
 
 
+def _session_judges(folders: list[_Folder], judges: Judges, tokenizer: Path | None
+                    ) -> tuple[dict[Path, tuple[str, ...]], list[str]]:
+    """Per folder, the judge of each of its sessions (`Chunk.judges`): the run's own where a
+    session's format, options and tokenizer hash are its last session's (whatever the file at
+    the tokenizer's path is now: `_tokenizer_note` tells), else the session's own, added to
+    `judges`; and notes on sessions whose settings cannot be had."""
+    main = judges.specs.main
+    out: dict[Path, tuple[str, ...]] = {}
+    notes: list[str] = []
+    for f in folders:
+        sessions = f.run_json.get("sessions") or []
+        if not any(isinstance(s, dict) and SETTINGS in s for s in sessions):
+            continue  # written before sessions recorded settings: all judged as the run's
+        latest_sha = (session_settings(f.run_json) or {}).get("tokenizer.sha256")
+        keys = []
+        for i in range(len(sessions)):
+            settings = session_settings(f.run_json, i) or {}
+            spec = _settings_spec(settings, main, tokenizer)
+            sha = None if tokenizer else settings.get("tokenizer.sha256")
+            if (spec.format, spec.options) == (main.format, main.options) and (
+                    sha in (None, latest_sha)):
+                keys.append("")
+                continue
+            key = orjson.dumps([spec.tokenizer, sha, spec.format, spec.options],
+                               option=orjson.OPT_SORT_KEYS).decode()
+            if key not in judges.specs.others:
+                problem = _add_judge(judges, key, spec, sha)
+                if problem:
+                    notes.append(f"{f.layout.root}: answers of session {i} not audited: "
+                                 f"{problem}")
+                    key = UNJUDGED
+            keys.append(key)
+        out[f.layout.root] = tuple(keys)
+    return out, notes
+
+
+def _settings_spec(settings: dict[str, Any], main: FormatSpec, tokenizer: Path | None
+                   ) -> FormatSpec:
+    """A session's format, format options and tokenizer, from its recorded settings."""
+    prefix = "model.format_options."
+    options: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key.startswith(prefix):
+            *parents, leaf = key[len(prefix):].split(".")
+            node = options
+            for name in parents:
+                node = node.setdefault(name, {})
+            node[leaf] = value
+    path = str(tokenizer) if tokenizer else settings.get("tokenizer.path") or main.tokenizer
+    return FormatSpec(resolve_builtin(str(path)), str(settings.get("model.format") or main.format),
+                      options, main.routing)
+
+
+def _add_judge(judges: Judges, key: str, spec: FormatSpec, sha: str | None) -> str | None:
+    """Load a session's spec into `judges`; what prevents it, if anything."""
+    try:
+        auditor = spec.load()
+    except (TokenizerError, FormatError, OSError) as e:
+        return f"its tokenizer or format cannot be loaded ({e}); pass --tokenizer PATH"
+    if sha is not None and auditor.tokenizer.sha256 != sha:
+        return (f"its tokenizer (sha256 {sha[:12]}…) is no longer at {spec.tokenizer}; pass "
+                "--tokenizer PATH")
+    judges.add(key, spec, auditor)
+    return None
+
+
 def _tokenizer_sha(run_json: dict[str, Any]) -> str | None:
     tok = run_json.get("tokenizer")
     sha = tok.get("sha256") if isinstance(tok, dict) else None
@@ -204,10 +283,12 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
               per_chunk: int = CHUNK_RECORDS, progress: Progress | None = None) -> AuditReport:
     started = time.perf_counter()
     folders = _folders(root)
-    spec = _run_spec(folders, tokenizer)
-    auditor = _load(spec)
+    spec = SessionSpecs(_run_spec(folders, tokenizer))
+    judges = _load(spec)
+    auditor = judges.main
+    judge_keys, session_notes = _session_judges(folders, judges, tokenizer)
     report = AuditReport(root=root, live=bool(live_parts([f.part for f in folders])),
-                         tokenizer=str(auditor.tokenizer.path), format=spec.format)
+                         tokenizer=str(auditor.tokenizer.path), format=spec.main.format)
     _tokenizer_note(report, folders[0].run_json, auditor, tokenizer)
     files = _files(root, folders)
     ends, dups = _duplicate_ends(files)
@@ -221,19 +302,26 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
         if torn:
             report.notes.append(f"{f.key}/responses.jsonl: torn last line ({torn} bytes "
                                 "without a newline): not audited; the next draftgen run cuts it")
-        chunks.extend(_chunks(f.key, path, ends[f.key], dups[f.key], f.size - torn, per_chunk))
+        chunks.extend(_chunks(f.key, path, ends[f.key], dups[f.key], f.size - torn, per_chunk,
+                              judge_keys.get(f.layout.root, ())))
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     workers = min(workers, max(1, len(chunks)))
     report.workers = workers
-    results = (_in_process(auditor, iter(chunks)) if workers == 1
+    results = (_in_process(judges, iter(chunks)) if workers == 1
                else _in_pool(spec, workers, iter(chunks)))
+    unjudged = 0
     for r in results:
         report.add(r)
+        unjudged += r.unjudged
         if progress is not None:
             progress(report.answers, total)
     if report.live:
         report.notes.append("a draftgen run is live on this folder: audited the answers present "
                             "when the audit started")
+    if unjudged:
+        report.notes.extend(session_notes)
+        report.notes.append(f"{unjudged:,} answer(s) not checked: their session's tokenizer or "
+                            "format cannot be had (see above)")
     if report.problems.get("missing_fields"):
         report.notes.append("some records are from an older schema (fields missing): the "
                             "checks needing those fields were skipped for them")

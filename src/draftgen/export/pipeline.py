@@ -44,6 +44,8 @@ from draftgen.export.source import (
     open_run,
 )
 from draftgen.export.writers import ParquetSink, Sink, SpecForgeSink, SpeculatorsSink
+from draftgen.scale.shards import run_folder_at_or_above, run_folder_below
+from draftgen.store.runinfo import SETTINGS, changed_settings
 
 log = logging.getLogger("draftgen.export")
 
@@ -144,6 +146,10 @@ def _notes(source: RunSource, opts: ExportOptions, tok: RunTokenizer) -> list[st
     if opts.checks and tok.stop_token_id is None:
         notes.append(f"stop-token checks skipped: the run's format/tokenizer is unavailable "
                      f"({tok.note})")
+    if _settings_differ(source):
+        notes.append("the run's sessions differ in model, format, tokenizer or sampling "
+                     "(accepted with --accept-changed-settings): the stop-token checks and the "
+                     "speculators `sampling` metadata follow the last session's settings")
     if opts.max_len is not None:
         how = ("dropped" if opts.overlong.value == "drop"
                else "cut to max-len (prompt kept whole; answer tail lost)")
@@ -153,14 +159,44 @@ def _notes(source: RunSource, opts: ExportOptions, tok: RunTokenizer) -> list[st
     return notes
 
 
+def _settings_differ(source: RunSource) -> bool:
+    recorded = [s.get(SETTINGS) for s in source.sessions if isinstance(s.get(SETTINGS), dict)]
+    return any(changed_settings(recorded[0], other) for other in recorded[1:])
+
+
 def _staging_dir(opts: ExportOptions) -> Path:
     out = opts.out
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not opts.overwrite:
-        raise ExportError(f"--out {out}: folder is not empty (pass --overwrite to replace it)")
+    _refuse_run_folders(out)
+    if out.is_dir() and any(out.iterdir()):
+        if not opts.overwrite:
+            raise ExportError(f"--out {out}: folder is not empty (pass --overwrite to replace "
+                              "it)")
+        _refuse_replacing(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+
+
+def _refuse_run_folders(out: Path) -> None:
+    """An export never writes in a run folder (its staging folder goes next to --out)."""
+    run = run_folder_at_or_above(out)
+    if run is not None:
+        where = "is" if run == out.resolve() else "is inside"
+        raise ExportError(f"--out {out}: {where} the run folder {run}; export never writes in "
+                          "a run folder: choose a folder outside it")
+
+
+def _refuse_replacing(out: Path) -> None:
+    """--overwrite replaces only an earlier export: a folder holding draftgen's manifest and no
+    run folder."""
+    if not (out / MANIFEST).is_file():
+        raise ExportError(f"--out {out}: not a draftgen export (no {MANIFEST}); --overwrite "
+                          "replaces only a folder draftgen exported: choose another --out")
+    run = run_folder_below(out)
+    if run is not None:
+        raise ExportError(f"--out {out}: holds the run folder {run}; --overwrite would delete "
+                          "it: choose another --out")
 
 
 def _make_sink(opts: ExportOptions, staging: Path, source: RunSource, tok: RunTokenizer,

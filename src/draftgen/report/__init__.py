@@ -11,6 +11,8 @@ from pathlib import Path
 
 from draftgen.export.source import SourceError, open_run
 from draftgen.report.collect import RunStats, collect
+from draftgen.scale.shards import is_run_folder
+from draftgen.store.layout import FAILURES, RESPONSES
 
 __all__ = ["ReportError", "ReportResult", "RunStats", "collect", "default_out", "write_report"]
 
@@ -42,6 +44,8 @@ def write_report(run_dir: Path, out: Path | None = None) -> ReportResult:
         source = open_run(run_dir)
     except SourceError as e:
         raise ReportError(str(e)) from None
+    if out is not None:
+        _refuse_run_data(out)
     stats = collect(source)
     out = out or default_out(run_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -56,3 +60,11 @@ def write_report(run_dir: Path, out: Path | None = None) -> ReportResult:
     tmp.write_text(render(stats, figures), encoding="utf-8")
     tmp.replace(index)
     return ReportResult(index, pngs, stats)
+
+
+def _refuse_run_data(out: Path) -> None:
+    """The report's files (index.html, PNGs) never go among a run's own files: not in a run
+    folder, nor in one of its dataset folders."""
+    if is_run_folder(out) or (out / RESPONSES).exists() or (out / FAILURES).exists():
+        raise ReportError(f"--out {out}: holds a run's files; the report would be written "
+                          "among them: choose another folder (by default RUN_DIR/report)")

@@ -108,6 +108,31 @@ def _holds_run(folder: Path) -> bool:
     return layout.run_json.exists() or bool(layout.dataset_names())
 
 
+def is_run_folder(folder: Path) -> bool:
+    """Whether the folder holds a run: its own run.json or answers, or shard folders (False
+    where it cannot be read: an ancestor such as /home may hold folders of other users)."""
+    try:
+        return _holds_run(folder) or bool(shard_folders(folder))
+    except OSError:
+        return False
+
+
+def run_folder_at_or_above(path: Path) -> Path | None:
+    """The run folder that `path` is, or lies inside (nearest first); None when none."""
+    here = Path(path).resolve()
+    return next((p for p in (here, *here.parents) if p.is_dir() and is_run_folder(p)), None)
+
+
+def run_folder_below(path: Path) -> Path | None:
+    """A run folder somewhere inside `path` (not `path` itself), or None. Walks the whole
+    tree: meant for folders about to be deleted, which are small (an export)."""
+    for top, dirs, _ in os.walk(path):
+        for name in dirs:
+            if is_run_folder(Path(top) / name):
+                return Path(top) / name
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class RunPart:
     """One run folder of a run: the root's own (unsharded) part, or one shard's folder."""

@@ -47,24 +47,104 @@ def write_atomic(path: Path, data: dict[str, Any]) -> None:
         raise StoreError(f"{path}: cannot write: {e.strerror}") from None
 
 
-def start_session(path: Path, config: dict[str, Any], tokenizer: dict[str, Any]) -> int:
-    """Record a new session in run.json; returns its index."""
+def start_session(path: Path, config: dict[str, Any], tokenizer: dict[str, Any],
+                  accepted_changes: list[str] | None = None) -> int:
+    """Record a new session in run.json, with the settings that define its data (and the
+    changes to them it was allowed to make); returns its index."""
     data = read_run_json(path)
     data.setdefault("created_at", time.time())
+    _backfill_settings(data)
     data["config"] = config
     data["tokenizer"] = tokenizer
     data["versions"] = package_versions()
     sessions = data.setdefault("sessions", [])
-    sessions.append({
+    session: dict[str, Any] = {
         "started_at": time.time(),
         "stopped_at": None,
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "argv": sys.argv[1:],
         "outcome": None,
-    })
+        SETTINGS: data_settings(config, tokenizer),
+    }
+    if accepted_changes:
+        session["accepted_changes"] = accepted_changes
+    sessions.append(session)
     write_atomic(path, data)
     return len(sessions) - 1
+
+
+# ---- the settings that define the data ------------------------------------------------------
+
+SETTINGS = "settings"
+"""A session's key in run.json holding its `data_settings`."""
+
+
+def data_settings(config: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """What defines the answers a session writes, as flat dotted keys: the model, its format
+    and the format's (chat template's) options, the tokenizer's hash and path, the sampling.
+    Concurrency, backends' URLs, budgets and the like do not change an answer's meaning."""
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    flat: dict[str, Any] = {"model.name": model.get("name"), "model.format": model.get("format")}
+    _flatten("model.format_options", model.get("format_options"), flat)
+    flat["tokenizer.sha256"] = tokenizer.get("sha256")
+    flat["tokenizer.path"] = tokenizer.get("path")
+    _flatten("sampling", config.get("sampling"), flat)
+    return flat
+
+
+NOT_DATA = frozenset({"tokenizer.path"})
+"""Kept with a session's settings (where its tokenizer was) but free to change: the same file
+moved is the same tokenizer (its hash says so)."""
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}", v, out)
+    else:
+        out[prefix] = value
+
+
+def session_settings(data: dict[str, Any], index: int | None = None) -> dict[str, Any] | None:
+    """The settings of session `index` of a run.json (default: the latest), or, for a run.json
+    written before sessions recorded them, the settings of its stored config; None for a
+    run.json that holds neither."""
+    sessions = [s for s in data.get("sessions") or [] if isinstance(s, dict)]
+    if index is None and sessions:
+        index = len(sessions) - 1
+    if index is not None and 0 <= index < len(sessions):
+        recorded = sessions[index].get(SETTINGS)
+        if isinstance(recorded, dict):
+            return recorded
+    config, tokenizer = data.get("config"), data.get("tokenizer")
+    if not isinstance(config, dict):
+        return None
+    return data_settings(config, tokenizer if isinstance(tokenizer, dict) else {})
+
+
+def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Each data-defining key whose value differs, as "key: old → new"."""
+    keys = [k for k in dict.fromkeys([*before, *now]) if k not in NOT_DATA]
+    return [f"{k}: {_shown(k, before.get(k))} → {_shown(k, now.get(k))}"
+            for k in keys if before.get(k) != now.get(k)]
+
+
+def _shown(key: str, value: Any) -> str:
+    if key == "tokenizer.sha256" and isinstance(value, str):
+        return value[:12] + "…"
+    return orjson.dumps(value).decode() if value is not None else "(unset)"
+
+
+def _backfill_settings(data: dict[str, Any]) -> None:
+    """Sessions from before settings were recorded ran with the config run.json holds now:
+    give them its settings before a new session replaces that config."""
+    legacy = session_settings({"config": data.get("config"), "tokenizer": data.get("tokenizer")})
+    if legacy is None:
+        return
+    for session in data.get("sessions") or []:
+        if isinstance(session, dict) and not isinstance(session.get(SETTINGS), dict):
+            session[SETTINGS] = legacy
 
 
 def end_session(path: Path, index: int, outcome: str, summary: dict[str, Any]) -> None:
