@@ -28,7 +28,7 @@ from draftgen.store.journal import JournalTail, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
 from draftgen.store.rescue import Rescued, read_rescued
-from draftgen.store.runinfo import read_run_json, session_unsettled_usd
+from draftgen.store.runinfo import RunJsonDamaged, read_run_json, session_unsettled_usd
 
 WINDOW_S = 300.0
 """The span of the "last minutes" rates."""
@@ -514,7 +514,9 @@ def open_layout(root: Path) -> tuple[RunLayout, dict[str, Any]]:
                           "folders with responses.jsonl or failures.jsonl)")
     try:
         run_json = read_run_json(layout.run_json)
-    except (OSError, orjson.JSONDecodeError) as e:
+    except RunJsonDamaged as e:
+        raise StatusError(str(e)) from None
+    except OSError as e:
         raise StatusError(f"{layout.run_json}: cannot read: {e}") from None
     return layout, run_json
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,12 +57,15 @@ def base(tmp_path_factory: pytest.TempPathFactory, qwen3_dir: Path) -> Iterator[
 
 def _bad_run(base: Base, tmp_path: Path, *, extra_lines: list[bytes] = (), new_rows: int = 3,
              cfg: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-             timeout: float = 120, args: tuple[str, ...] = ()) -> tuple[Any, Path, bytes, Path]:
-    """Copy the good run folder, write a dataset (the good rows, new good rows, the bad
-    lines), run `draftgen run` on the copy. Returns the process, the run folder, the bytes
-    of responses.jsonl before, and the dataset path."""
+             timeout: float = 120, args: tuple[str, ...] = (),
+             damage: Callable[[Path], None] | None = None) -> tuple[Any, Path, bytes, Path]:
+    """Copy the good run folder (and `damage` the copy), write a dataset (the good rows, new
+    good rows, the bad lines), run `draftgen run` on the copy. Returns the process, the run
+    folder, the bytes of responses.jsonl before, and the dataset path."""
     run_dir = tmp_path / "run"
     shutil.copytree(base.run_dir, run_dir)
+    if damage is not None:
+        damage(run_dir)
     before = (run_dir / "d" / "responses.jsonl").read_bytes()
     data = tmp_path / "d.jsonl"
     good = b"".join(orjson.dumps(r) + b"\n" for r in prompt_rows(GOOD, "g"))
@@ -259,3 +262,38 @@ def test_an_unreachable_url(base: Base, tmp_path: Path, reliability, probe: bool
     assert {f["kind"] for f in failures} <= {"connection"}
     assert probe or len(failures) == 3  # the three new prompts
     assert wall < 60
+
+
+@pytest.mark.parametrize("what,content", [
+    ("truncated", None), ("empty", b""), ("garbage", b"\x00\xff garbage {"),
+    ("not an object", b"[1, 2]")])
+def test_a_damaged_run_json(base: Base, tmp_path: Path, reliability, what: str,
+                            content: bytes | None) -> None:
+    case = reliability(SCENARIO, f"a {what} run.json: status, audit and export name it and "
+                       "say how to recover; `draftgen run` sets it aside and rebuilds it")
+    original = (base.run_dir / "run.json").read_bytes()
+    bad = original[: len(original) // 2] if content is None else content
+
+    def damage(run_dir: Path) -> None:
+        (run_dir / "run.json").write_bytes(bad)
+        for command in (("status",), ("audit",), ("export", "-f", "parquet", "-o",
+                                                   str(tmp_path / "out"))):
+            proc = draftgen(*command, str(run_dir))
+            case.crashed += "Traceback" in proc.stderr
+            assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+            assert proc.returncode in (1, 2), proc.stderr
+            assert f"{run_dir / 'run.json'}: damaged" in proc.stderr, proc.stderr
+            assert "`draftgen run` with the run's config rebuilds it" in proc.stderr
+
+    proc, run_dir, before, _ = _bad_run(base, tmp_path, damage=damage)
+    _intact(case, proc, run_dir, before)
+    kept = sorted(run_dir.glob("run.json.damaged-*"))
+    said = next((x for x in proc.stderr.splitlines() if "run.json: damaged" in x), "")
+    case.note(f"exit {proc.returncode}; `{said.split(' ', 2)[-1][:200]}`")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.read_bytes() for p in kept] == [bad], "the damaged file was not kept as it was"
+    assert "rebuilt" in said
+    assert _answered(run_dir) == {f"g{i}" for i in range(GOOD)} | {"n0", "n1", "n2"}
+    status = draftgen("status", "--json", str(run_dir))
+    assert status.returncode == 0, status.stderr
+    assert orjson.loads(status.stdout)["total"]["done"] == GOOD + 3
