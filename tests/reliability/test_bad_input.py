@@ -5,6 +5,7 @@ written as it was."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import time
@@ -297,3 +298,35 @@ def test_a_damaged_run_json(base: Base, tmp_path: Path, reliability, what: str,
     status = draftgen("status", "--json", str(run_dir))
     assert status.returncode == 0, status.stderr
     assert orjson.loads(status.stdout)["total"]["done"] == GOOD + 3
+
+
+def test_a_dataset_reordered_with_the_same_size_and_mtime(base: Base, tmp_path: Path,
+                                                          reliability) -> None:
+    case = reliability(SCENARIO, "a dataset reordered keeping its size and mtime (the prompt "
+                       "cache cannot tell): named, the cache discarded, the next run completes")
+    rows = prompt_rows(GOOD, "g") + prompt_rows(4, "n")
+    proc, run_dir, before, data = _bad_run(
+        base, tmp_path, new_rows=4, args=no_probe(), cfg={"datasets": [
+            {"name": "d", "path": str(tmp_path / "d.jsonl"), "max_prompts": GOOD + 1}]})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stat = data.stat()
+    rows[-3:] = rows[-3:][::-1]  # n1, n2, n3 reversed: same size, IDs at other offsets
+    write_jsonl(data, rows)
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    path = tmp_path / "run.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["datasets"] = [{"name": "d", "path": str(data)}]
+    path.write_text(yaml.safe_dump(config))
+    codes = []
+    for _ in range(2):
+        proc = draftgen("run", str(path), "--no-live", *no_probe())
+        _intact(case, proc, run_dir, before)
+        codes.append(proc.returncode)
+        if proc.returncode == 0:
+            break
+        said = proc.stderr.strip().splitlines()[-1]
+        case.note(f"exit {proc.returncode}: `{said.split(' ', 1)[-1][:250]}`")
+        assert proc.returncode in (1, 2) and f"{data}:" in said, said
+    case.note(f"exit codes of the runs after the reorder: {codes}")
+    assert codes[-1] == 0, proc.stderr[-3000:]
+    assert _answered(run_dir) == {f"g{i}" for i in range(GOOD)} | {f"n{i}" for i in range(4)}

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from draftgen.config import DatasetConfig
-from draftgen.datasets.cache import cache_key, read_cache, write_cache
+from draftgen.datasets.cache import cache_key, discard_cache, read_cache, write_cache
 from draftgen.datasets.errors import BadRow, BadRowError, DatasetError
 from draftgen.datasets.prompts import LoadStats, admitted_rows, iter_prompts, prompt_and_identity
 from draftgen.datasets.readers import Row, located_jsonl_rows, plain_jsonl_files, rows_at
@@ -101,7 +101,7 @@ def load_prompt_table(cfg: DatasetConfig, cache_path: Path | None = None
     cached = read_cache(cache_path, key)
     if cached is not None:
         index, stats = cached
-        return PromptTable(cfg.name, index, JsonlRowLoader(cfg, index)), stats
+        return PromptTable(cfg.name, index, JsonlRowLoader(cfg, index, cache_path)), stats
     prompts, index, stats = _read_located(cfg, files)
     unchanged = cache_key(cfg, files) == key  # not written to while it was read
     writer = partial(write_cache, cache_path, key, index, stats) if unchanged else None
@@ -136,11 +136,14 @@ def _from_memory(prompts: list[Prompt]) -> Loader:
 
 class JsonlRowLoader:
     """Re-reads prompts from their JSONL rows by offset, checking that each row still gives
-    the ID it had when the cache was written."""
+    the ID it had when the cache was written. A row that does not (the file changed without
+    its size and mtime changing: the cache's key cannot tell) discards the cache, so that the
+    next run reads the dataset in full and writes it again."""
 
-    def __init__(self, cfg: DatasetConfig, index: PromptIndex) -> None:
+    def __init__(self, cfg: DatasetConfig, index: PromptIndex, cache_path: Path) -> None:
         assert index.places is not None
         self._cfg = cfg
+        self._cache_path = cache_path
         self._index = index
         self._places = index.places
 
@@ -165,6 +168,7 @@ class JsonlRowLoader:
         return prompt
 
     def _changed(self, source: str | None, why: str) -> DatasetError:
+        discard_cache(self._cache_path)
         return DatasetError(
-            f"{source}: the dataset file changed while the run was using it ({why}); "
-            f"restart the run to read dataset {self._cfg.name!r} again")
+            f"{source}: the dataset file changed since its prompt cache was written ({why}); "
+            f"the cache is discarded: run again to read dataset {self._cfg.name!r} in full")
