@@ -325,6 +325,8 @@ def stop(
     run, every live shard on this machine (shards live on other machines are named)."""
     from draftgen.scale.shards import live_parts, run_parts
 
+    if not run_dir.is_dir():
+        raise _fail(f"{run_dir}: not a folder; give the run's output_dir")
     live = [(part, holder) for part, holder in live_parts(run_parts(run_dir))
             if holder.get("pid")]
     if not live:
@@ -440,7 +442,7 @@ def report(
     try:
         result = write_report(run_dir, out)
     except ReportError as e:
-        raise _fail(str(e), code=1) from None
+        raise _fail(str(e)) from None
     stats = result.stats
     _console().print(f"report of {stats.answers:,} answers (${stats.cost:.4f}) → {result.index} "
                      f"(+ {len(result.pngs)} PNGs)", highlight=False, soft_wrap=True)

@@ -5,9 +5,11 @@ written as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -330,3 +332,58 @@ def test_a_dataset_reordered_with_the_same_size_and_mtime(base: Base, tmp_path: 
     case.note(f"exit codes of the runs after the reorder: {codes}")
     assert codes[-1] == 0, proc.stderr[-3000:]
     assert _answered(run_dir) == {f"g{i}" for i in range(GOOD)} | {f"n{i}" for i in range(4)}
+
+
+@contextlib.contextmanager
+def _read_only(folder: Path) -> Iterator[None]:
+    """`folder` read-only for this user: a read-only bind mount for root (who ignores
+    permission bits), the permission bits for anyone else."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")]}
+        for p in modes:
+            p.chmod(p.stat().st_mode & ~0o222)
+        try:
+            yield
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+        return
+    if subprocess.run(["mount", "--bind", str(folder), str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here to make a folder read-only")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("cannot remount a bind mount read-only here")
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("what", ["report on a read-only run folder", "report --out FILE",
+                                  "stop FILE", "audit --quarantine FILE"])
+def test_a_command_on_the_wrong_kind_of_path(base: Base, tmp_path: Path, reliability,
+                                             what: str) -> None:
+    case = reliability(SCENARIO, f"{what}: exit 2, the path named and what to do")
+    run_dir = tmp_path / "run"
+    shutil.copytree(base.run_dir, run_dir)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    if what.startswith("report on"):
+        with _read_only(run_dir):
+            proc = draftgen("report", str(run_dir))
+        named = str(run_dir / "report")
+    else:
+        args = {"report --out FILE": ("report", str(run_dir), "--out", str(a_file)),
+                "stop FILE": ("stop", str(a_file)),
+                "audit --quarantine FILE": ("audit", "--quarantine", str(a_file))}[what]
+        proc = draftgen(*args)
+        named = str(a_file)
+    said = proc.stderr.strip()
+    case.runs += 1
+    case.crashed += "Traceback" in proc.stderr or proc.returncode != 2
+    case.note(f"exit {proc.returncode}: `{said.splitlines()[-1][:250] if said else ''}`")
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 2 and len(said.splitlines()) == 1, said
+    assert named in said, said
+    assert a_file.read_text() == "mine\n"

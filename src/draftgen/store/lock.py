@@ -74,7 +74,7 @@ def lock_holder(path: Path) -> dict[str, Any] | None:
     """The live holder's info, or None when no process holds the lock. Never blocks."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no run, or no folder at all
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
