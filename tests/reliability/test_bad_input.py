@@ -387,3 +387,20 @@ def test_a_command_on_the_wrong_kind_of_path(base: Base, tmp_path: Path, reliabi
     assert proc.returncode == 2 and len(said.splitlines()) == 1, said
     assert named in said, said
     assert a_file.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["file", "under-a-file"])
+def test_an_output_dir_that_is_a_file(base: Base, tmp_path: Path, reliability,
+                                      below: bool) -> None:
+    case = reliability(SCENARIO, "output_dir naming a file" + (" (or a folder under one)"
+                       if below else "") + ": exit 2, the file named, the file untouched")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    cfg = {"output_dir": str(a_file / "run" if below else a_file)}
+    proc, run_dir, before, _ = _bad_run(base, tmp_path, cfg=cfg, args=no_probe())
+    _intact(case, proc, run_dir, before)
+    said = proc.stderr.strip()
+    case.note(f"exit {proc.returncode}: `{said[:250]}`")
+    assert proc.returncode == 2 and said.count("\n") == 0, said
+    assert f"{a_file}: a file, not a folder" in said, said
+    assert a_file.read_text() == "mine\n"
