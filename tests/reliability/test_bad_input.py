@@ -167,6 +167,9 @@ def test_a_dataset_of_nothing_but_unknown_rows(base: Base, tmp_path: Path, relia
 @pytest.mark.parametrize("what,cfg,rc,message", [
     ("missing dataset file", {"datasets": [{"name": "d", "path": "/nonexistent/d.jsonl"}]}, 2,
      "/nonexistent/d.jsonl: no such file or folder"),
+    ("dataset path typo that looks like a hub name",
+     {"datasets": [{"name": "d", "path": "data/chta.jsonl"}]}, 2,
+     "data/chta.jsonl: no such file or folder"),
     ("unknown dataset file format", {"datasets": [{"name": "d", "path": "__CSV__"}]}, 2,
      "unknown dataset format"),
     ("config key typo", {"backends": [{"name": "local", "type": "sglang",
