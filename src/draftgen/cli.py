@@ -325,7 +325,7 @@ def stop(
     run, every live shard on this machine (shards live on other machines are named)."""
     from draftgen.scale.shards import live_parts, run_parts
 
-    if not run_dir.is_dir():
+    if run_dir.exists() and not run_dir.is_dir():
         raise _fail(f"{run_dir}: not a folder; give the run's output_dir")
     live = [(part, holder) for part, holder in live_parts(run_parts(run_dir))
             if holder.get("pid")]
