@@ -177,6 +177,13 @@ def test_a_dataset_of_nothing_but_unknown_rows(base: Base, tmp_path: Path, relia
      "backends.0.concurency: unknown key (typo?)"),
     ("wrong type in the config", {"sampling": {"max_tokens": "lots"}}, 2,
      "sampling.max_tokens: Input should be a valid integer"),
+    ("max_tokens: 1e20 (a float)", {"sampling": {"max_tokens": 1e20}}, 2,
+     "sampling.max_tokens: Input should be a valid integer"),
+    ("max_tokens past any engine's 32-bit count", {"sampling": {"max_tokens": 2**40}}, 2,
+     "sampling.max_tokens: Input should be less than or equal to 2147483647"),
+    ("concurrency: true", {"backends": [{"name": "local", "type": "sglang",
+                                          "url": "http://127.0.0.1:9", "concurrency": True}]},
+     2, "backends.0.concurrency: Input should be a valid integer"),
     ("missing env var for the API key", {"backends": [{
         "name": "or", "type": "openrouter", "url": "http://127.0.0.1:9",
         "api_key_env": "DRAFTGEN_TEST_SURELY_UNSET_KEY"}]}, 2,
@@ -407,3 +414,39 @@ def test_an_output_dir_that_is_a_file(base: Base, tmp_path: Path, reliability,
     assert proc.returncode == 2 and said.count("\n") == 0, said
     assert f"{a_file}: a file, not a folder" in said, said
     assert a_file.read_text() == "mine\n"
+
+
+BOMB = "".join(f"      {x}: &{x} [{', '.join([f'*{p}' if p else '0' for _ in range(9)])}]\n"
+               for p, x in zip(["", *"abcdefgh"], "abcdefghi", strict=True))
+"""A billion values in under 1 kB: each line lists the line above nine times."""
+
+
+@pytest.mark.parametrize("what,tail,message", [
+    ("a key written twice", "budget:\n  usd: 5\n  usd: 50\n",
+     ":{line2}: key 'usd' is written twice (first at line {line1}); keep one"),
+    ("an anchor bomb in sampling.extra", "sampling:\n  max_tokens: 64\n  extra:\n"
+     "    bomb:\n" + BOMB, ": sampling.extra.bomb: the config expands to more than"),
+])
+def test_a_config_yaml_refused_before_use(base: Base, tmp_path: Path, reliability, what: str,
+                                          tail: str, message: str) -> None:
+    case = reliability(SCENARIO, f"{what} in run.yaml: `--dry-run` and `run` refuse it at once "
+                       "(exit 2, the file, key and line named)")
+    config = {k: v for k, v in base.cfg.items() if k != "sampling"}
+    head = yaml.safe_dump({**config, "output_dir": str(tmp_path / "run")})
+    path = tmp_path / "run.yaml"
+    path.write_text(head + tail)
+    first = head.count("\n") + 2
+    message = message.format(line1=first, line2=first + 1)
+    for args in (("--dry-run",), ("--no-live", *no_probe())):
+        t0 = time.monotonic()
+        proc = draftgen("run", str(path), *args, timeout=60)
+        wall = time.monotonic() - t0
+        said = proc.stderr.strip()
+        case.runs += 1
+        case.crashed += "Traceback" in proc.stderr or proc.returncode != 2
+        case.note(f"run {' '.join(args)}: exit {proc.returncode} after {wall:.1f}s: "
+                  f"`{said[:200]}`")
+        assert proc.returncode == 2 and "\n" not in said, said[-3000:]
+        assert f"{path}{message}" in said, said
+        assert wall < 30
+    assert not (tmp_path / "run").exists()
