@@ -290,7 +290,13 @@ def probe(
     from draftgen.backends import BackendNotReady
     from draftgen.backends.managed_llamacpp import ManagedServerError
     from draftgen.config import load_config
-    from draftgen.probe.command import load_format, probe_config, save_results, select_backends
+    from draftgen.probe.command import (
+        ProbeStopped,
+        load_format,
+        probe_until_stopped,
+        save_results,
+        select_backends,
+    )
     from draftgen.probe.show import print_results, to_json
 
     _setup_logging(verbose)
@@ -298,12 +304,15 @@ def probe(
         cfg = select_backends(load_config(config), backend)
         _check_backend_keys(cfg)
         fmt = load_format(cfg)
-        results = asyncio.run(probe_config(cfg, fmt, ProbeOptions(max_tokens=max_tokens)))
+        results = asyncio.run(probe_until_stopped(cfg, fmt,
+                                                  ProbeOptions(max_tokens=max_tokens)))
         note = save_results(cfg, results) if save else None
     except _user_errors() as e:
         raise _fail(str(e)) from None
     except (ManagedServerError, BackendNotReady) as e:
         raise _fail(str(e), code=1) from None
+    except ProbeStopped as e:
+        raise _fail(str(e), code=130) from None
     if as_json:
         sys.stdout.write(orjson.dumps(to_json(results), option=orjson.OPT_INDENT_2).decode()
                          + "\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -23,6 +24,8 @@ import yaml
 from draftgen.testing.server import TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
 from tests.reliability.helpers import (
+    DRAFTGEN,
+    ServerProcess,
     check_folder,
     draftgen,
     no_probe,
@@ -450,3 +453,45 @@ def test_a_config_yaml_refused_before_use(base: Base, tmp_path: Path, reliabilit
         assert f"{path}{message}" in said, said
         assert wall < 30
     assert not (tmp_path / "run").exists()
+
+
+def _signalled_during_probe(args: list[str], sig: signal.Signals) -> tuple[int, str]:
+    """`draftgen ARGS`, sent `sig` once its probe has a request in flight: exit code, stderr."""
+    proc = subprocess.Popen(
+        [*DRAFTGEN, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    assert proc.stderr is not None
+    said = ""
+    while "probing backend" not in said and proc.poll() is None:
+        said += proc.stderr.readline()
+    time.sleep(0.5)  # the probe's first request waits on the server's latency
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    return proc.wait(timeout=60), said + rest
+
+
+@pytest.mark.parametrize("command", ["probe", "run"])
+def test_sigterm_and_sigint_during_the_probe_are_alike(base: Base, tmp_path: Path,
+                                                      reliability, command: str) -> None:
+    case = reliability(SCENARIO, f"SIGTERM or SIGINT while `draftgen {command}` probes: the "
+                       "same exit and message, nothing lost, no traceback")
+    endings: dict[str, tuple[int, str]] = {}
+    with ServerProcess("--latency", "3") as server:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            folder = tmp_path / sig.name
+            folder.mkdir()
+            cfg = {"backends": [{"name": "slow", "type": "openai", "url": server.url}]}
+            proc, run_dir, before, _ = _bad_run(base, folder, cfg=cfg, args=("--dry-run",))
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            args = [command, str(folder / "run.yaml")] + (["--no-live"] if command == "run"
+                                                          else [])
+            code, said = _signalled_during_probe(args, sig)
+            case.runs += 1
+            case.crashed += "Traceback" in said or code not in (0, 130)
+            last = said.strip().splitlines()[-1] if said.strip() else ""
+            case.note(f"{sig.name}: exit {code}, `{last[:200]}`")
+            assert "Traceback" not in said, said[-3000:]
+            assert (run_dir / "d" / "responses.jsonl").read_bytes() == before
+            endings[sig.name] = (code, last.replace(sig.name, "SIGNAL"))
+    assert endings["SIGTERM"] == endings["SIGINT"], endings
+    assert endings["SIGTERM"][0] in (0, 130)
