@@ -948,11 +948,14 @@ def render_status(st: RunStatus, console: Any) -> None:
 def _group_table(title: str, groups: dict[str, Sums]) -> Any:
     from rich.table import Table
 
+    from draftgen.printable import for_console
+
     table = Table(title=title, title_justify="left", header_style="bold")
     for col in ("", "answers", "out tokens", "$"):
         table.add_column(col, justify="left" if not col else "right")
     for key, s in sorted(groups.items(), key=lambda kv: -kv[1].done):
-        table.add_row(key, f"{s.done:,}", f"{s.output_tokens:,}", f"{s.cost_usd:.4f}")
+        table.add_row(for_console(key), f"{s.done:,}", f"{s.output_tokens:,}",
+                      f"{s.cost_usd:.4f}")
     return table
 
 

@@ -495,3 +495,35 @@ def test_sigterm_and_sigint_during_the_probe_are_alike(base: Base, tmp_path: Pat
             endings[sig.name] = (code, last.replace(sig.name, "SIGNAL"))
     assert endings["SIGTERM"] == endings["SIGINT"], endings
     assert endings["SIGTERM"][0] in (0, 130)
+
+
+EVIL_PROVIDER = "\x1b[2J\x1b[31mEvil[bold]Co\x1b[0m\x1b]0;pwned\x07\u202e"
+"""Clears the screen, colours, sets the window title, reverses the text: all to be dropped."""
+
+
+def test_terminal_escapes_from_a_server_are_never_printed(base: Base, tmp_path: Path,
+                                                          reliability) -> None:
+    case = reliability(SCENARIO, "a provider name carrying terminal escapes and rich markup: "
+                       "audit, status, report and probe print it inert")
+    with ServerProcess("--providers", EVIL_PROVIDER) as server:
+        cfg = {"backends": [{"name": "evil", "type": "openai", "url": server.url}]}
+        proc, run_dir, before, _ = _bad_run(base, tmp_path, cfg=cfg, args=no_probe())
+        _intact(case, proc, run_dir, before)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs = {
+            "audit": draftgen("audit", str(run_dir), env={"COLUMNS": "200"}),
+            "status": draftgen("status", str(run_dir), env={"COLUMNS": "200"}),
+            "report": draftgen("report", str(run_dir), "--out", str(tmp_path / "report")),
+            "probe": draftgen("probe", str(tmp_path / "run.yaml"), "--no-save",
+                              env={"COLUMNS": "300"}),
+        }
+    page = (tmp_path / "report" / "index.html").read_text()
+    for command, out in {**outputs, "report page": page}.items():
+        text = out if isinstance(out, str) else out.stdout + out.stderr
+        raw = [c for c in ("\x1b", "\x07", "\u202e") if c in text]
+        case.runs += 1
+        case.crashed += bool(raw) or "Traceback" in text
+        case.note(f"{command}: {'escapes printed raw: ' + repr(raw) if raw else 'inert'}")
+        assert not raw, (command, text[-2000:])
+        if command in ("audit", "status", "probe"):  # they show it (report: in a PNG)
+            assert "Evil[bold]Co" in text, (command, text[-2000:])
