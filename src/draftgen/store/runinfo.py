@@ -65,9 +65,8 @@ def _read_or_rebuild(path: Path) -> dict[str, Any]:
     try:
         return read_run_json(path)
     except RunJsonDamaged as e:
-        damaged = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
         try:
-            path.rename(damaged)
+            damaged = _set_aside(path)
         except OSError as err:
             raise StoreError(f"{e}; cannot set it aside: {err.strerror}") from None
         last = read_journal(path.with_name(JOURNAL)).session
@@ -78,6 +77,20 @@ def _read_or_rebuild(path: Path) -> dict[str, Any]:
                     "aborted in sessions before the last, is only in the damaged file)",
                     path, e.why, damaged.name, len(sessions))
         return {"rebuilt_from": damaged.name, "sessions": sessions}
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename `path` to PATH.damaged-TIME (-2, -3... where taken: nothing is replaced)."""
+    stem = f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+    for n in range(1, 1000):
+        aside = path.with_name(stem if n == 1 else f"{stem}-{n}")
+        try:
+            os.link(path, aside)  # fails where the name is taken, unlike a rename
+        except FileExistsError:
+            continue
+        path.unlink()
+        return aside
+    raise FileExistsError(f"{path.name}.damaged-*: too many")
 
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
