@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -41,6 +42,11 @@ class _Strict(BaseModel):
     def _fits_in_64_bits(cls, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
             raise ValueError(f"must be at most {INT64_MAX:,} in size")
+        if isinstance(value, dict) and value and not isinstance(value, BaseModel):
+            try:  # free-form objects go into request bodies and run.json as JSON
+                orjson.dumps(value)
+            except orjson.JSONEncodeError as e:
+                raise ValueError(f"cannot be sent as JSON: {e}") from None
         return value
 
 

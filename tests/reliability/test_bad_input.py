@@ -184,6 +184,8 @@ def test_a_dataset_of_nothing_but_unknown_rows(base: Base, tmp_path: Path, relia
      "sampling.max_tokens: Input should be a valid integer"),
     ("max_tokens past any engine's 32-bit count", {"sampling": {"max_tokens": 2**40}}, 2,
      "sampling.max_tokens: Input should be less than or equal to 2147483647"),
+    ("sampling.extra that is no JSON (a YAML !!set)", {"sampling": {"extra": {"x": {1, 2}}}},
+     2, "sampling.extra: Value error, cannot be sent as JSON"),
     ("concurrency: true", {"backends": [{"name": "local", "type": "sglang",
                                           "url": "http://127.0.0.1:9", "concurrency": True}]},
      2, "backends.0.concurrency: Input should be a valid integer"),
