@@ -83,7 +83,10 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    _stderr().print(f"[bold red]error:[/] {message}", highlight=False)
+    from rich.markup import escape
+
+    # plain text: a path, a row or a server's words in it are never read as rich markup
+    _stderr().print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 
@@ -206,7 +209,7 @@ def run(
             f"{t.pending:,} pending, {t.output_tokens:,} output tokens, ${t.cost:.4f} "
             f"{where}", highlight=False)
     if outcome.message:
-        _stderr().print(outcome.message, highlight=False)
+        _stderr().print(outcome.message, highlight=False, markup=False)
     raise typer.Exit(outcome.exit_code)
 
 

@@ -170,6 +170,9 @@ def test_a_dataset_of_nothing_but_unknown_rows(base: Base, tmp_path: Path, relia
 @pytest.mark.parametrize("what,cfg,rc,message", [
     ("missing dataset file", {"datasets": [{"name": "d", "path": "/nonexistent/d.jsonl"}]}, 2,
      "/nonexistent/d.jsonl: no such file or folder"),
+    ("missing dataset file with rich markup in its name",
+     {"datasets": [{"name": "d", "path": "/nonexistent/[bold]d.jsonl"}]}, 2,
+     "/nonexistent/[bold]d.jsonl: no such file or folder"),
     ("dataset path typo that looks like a hub name",
      {"datasets": [{"name": "d", "path": "data/chta.jsonl"}]}, 2,
      "data/chta.jsonl: no such file or folder"),
