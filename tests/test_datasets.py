@@ -603,3 +603,20 @@ def test_non_hub_looking_missing_path_is_not_sent_to_the_hub(
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(DatasetError, match="no such file or folder"):
         iter_prompts(DatasetConfig(name="ds", path="data/sub/set.jsonl"))
+
+
+@pytest.mark.parametrize("path,folder", [("data/chta.jsonl", False), ("org/rows.parquet", False),
+                                         ("data/chta", True)])
+def test_a_missing_path_that_looks_local_is_not_sent_to_the_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, folder: bool
+) -> None:
+    """`org/name`-shaped, but a data file's name, or under a local folder: a typo."""
+    calls: list[Any] = []
+    monkeypatch.chdir(tmp_path)
+    if folder:
+        (tmp_path / path.split("/")[0]).mkdir()
+    monkeypatch.setitem(sys.modules, "datasets", fake_datasets_module(
+        lambda *args, **kwargs: calls.append(args) or iter([])))
+    with pytest.raises(DatasetError, match=f"^{path}: no such file or folder$"):
+        iter_prompts(DatasetConfig(name="ds", path=path))
+    assert calls == []

@@ -184,6 +184,23 @@ def test_a_row_changed_behind_the_cache_is_a_clear_error(tmp_path: Path) -> None
         table.load([0])
 
 
+def test_a_file_reordered_behind_the_cache_is_read_in_full_at_load(
+        tmp_path: Path, parses: list[int]) -> None:
+    """Same size, same mtime, rows in another order: the cache's key cannot tell, the spot
+    check at load does; the dataset is read in full and the cache written again."""
+    rows = mixed_rows(200)
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    cfg, cache = cfg_for(path), tmp_path / "c.npz"
+    load_and_save(cfg, cache)
+    stat = path.stat()
+    write_jsonl(path, rows[::-1])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    table = load_and_save(cfg, cache)
+    assert parses == [1, 1]
+    assert [p.id for p in table] == [p.id for p in load_prompts(cfg)[0]]
+    assert [p.id for p in load_and_save(cfg, cache)] == table.ids and parses == [1, 1]
+
+
 def test_sources_without_row_access_are_read_in_full_and_not_cached(tmp_path: Path) -> None:
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{"prompt": f"question {i}"} for i in range(6)]), path)

@@ -112,7 +112,7 @@ def test_a_run_without_answers_still_renders(tmp_path: Path) -> None:
 
 def test_report_of_a_folder_that_is_no_run_fails(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "not a" in result.output and "run folder" in result.output
 
 

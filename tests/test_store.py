@@ -126,3 +126,20 @@ def test_lock_refuses_a_second_run_and_a_dead_holder_is_taken_over(tmp_path: Pat
     assert lock_holder(lock_path)["pid"] == os.getpid()
     lock.release()
     assert lock_holder(lock_path) is None
+
+
+def test_a_damaged_run_json_is_set_aside_never_replaced(tmp_path: Path) -> None:
+    """Damaged twice in one second: both damaged files kept; the session count goes on from
+    the journal's last session."""
+    from draftgen.store.runinfo import RunJsonDamaged, read_run_json, start_session
+
+    path = tmp_path / "run.json"
+    (tmp_path / "journal.jsonl").write_bytes(b'{"ev":"sent","id":"a","session":2}\n')
+    for bad in (b'{"sessions": [', b"\x00garbage"):
+        path.write_bytes(bad)
+        with pytest.raises(RunJsonDamaged, match=r"run\.json: damaged.*`draftgen run`"):
+            read_run_json(path)
+        index = start_session(path, {"k": 1}, {})
+    kept = sorted(p.read_bytes() for p in tmp_path.glob("run.json.damaged-*"))
+    assert kept == sorted([b'{"sessions": [', b"\x00garbage"])
+    assert index == 3 and read_run_json(path)["config"] == {"k": 1}

@@ -85,7 +85,10 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    _stderr().print(f"[bold red]error:[/] {redact(message)}", highlight=False)
+    from rich.markup import escape
+
+    # plain text: a path, a row or a server's words in it are never read as rich markup
+    _stderr().print(f"[bold red]error:[/] {escape(redact(message))}", highlight=False)
     return typer.Exit(code)
 
 
@@ -214,7 +217,7 @@ def run(
             f"{t.pending:,} pending, {t.output_tokens:,} output tokens, ${t.cost:.4f} "
             f"{where}", highlight=False)
     if outcome.message:
-        _stderr().print(redact(outcome.message), highlight=False)
+        _stderr().print(redact(outcome.message), highlight=False, markup=False)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -298,7 +301,13 @@ def probe(
     from draftgen.backends import BackendNotReady
     from draftgen.backends.managed_llamacpp import ManagedServerError
     from draftgen.config import load_config
-    from draftgen.probe.command import load_format, probe_config, save_results, select_backends
+    from draftgen.probe.command import (
+        ProbeStopped,
+        load_format,
+        probe_until_stopped,
+        save_results,
+        select_backends,
+    )
     from draftgen.probe.show import print_results, to_json
 
     _setup_logging(verbose)
@@ -306,12 +315,15 @@ def probe(
         cfg = select_backends(load_config(config), backend)
         _check_backend_keys(cfg)
         fmt = load_format(cfg)
-        results = asyncio.run(probe_config(cfg, fmt, ProbeOptions(max_tokens=max_tokens)))
+        results = asyncio.run(probe_until_stopped(cfg, fmt,
+                                                  ProbeOptions(max_tokens=max_tokens)))
         note = save_results(cfg, results) if save else None
     except _user_errors() as e:
         raise _fail(str(e)) from None
     except (ManagedServerError, BackendNotReady) as e:
         raise _fail(str(e), code=1) from None
+    except ProbeStopped as e:
+        raise _fail(str(e), code=130) from None
     if as_json:
         sys.stdout.write(orjson.dumps(to_json(results), option=orjson.OPT_INDENT_2).decode()
                          + "\n")
@@ -333,6 +345,8 @@ def stop(
     live shard on this machine (shards live on other machines are named)."""
     from draftgen.scale.shards import live_parts, run_parts
 
+    if run_dir.exists() and not run_dir.is_dir():
+        raise _fail(f"{run_dir}: not a folder; give the run's output_dir")
     live = [(part, holder) for part, holder in live_parts(run_parts(run_dir))
             if holder.get("pid")]
     if not live:
@@ -450,7 +464,7 @@ def report(
     try:
         result = write_report(run_dir, out)
     except ReportError as e:
-        raise _fail(str(e), code=1) from None
+        raise _fail(str(e)) from None
     stats = result.stats
     _console().print(f"report of {stats.answers:,} answers (${stats.cost:.4f}) → {result.index} "
                      f"(+ {len(result.pngs)} PNGs)", highlight=False, soft_wrap=True)

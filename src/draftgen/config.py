@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -40,8 +41,31 @@ class ConfigError(Exception):
     """A config that cannot be used; the message names the file and the key."""
 
 
+INT64_MAX = 2**63 - 1
+TOKENS_MAX = 2**31 - 1
+"""The most tokens a count can say: engines and APIs hold token counts as 32-bit integers."""
+MAX_CONFIG_VALUES = 100_000
+"""A config expanding to more values than this (YAML aliases repeated: an "anchor bomb") is
+refused before anything uses it: a real run.yaml has a few hundred."""
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown keys are errors, and values are not coerced across types: `concurrency: true`
+    or `max_tokens: 1e20` is refused, not taken as 1 or as a float made an integer."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _fits_in_64_bits(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+            raise ValueError(f"must be at most {INT64_MAX:,} in size")
+        if isinstance(value, dict) and value and not isinstance(value, BaseModel):
+            try:  # free-form objects go into request bodies and run.json as JSON
+                orjson.dumps(value)
+            except orjson.JSONEncodeError as e:
+                raise ValueError(f"cannot be sent as JSON: {e}") from None
+        return value
 
 
 class ModelConfig(_Strict):
@@ -55,7 +79,7 @@ class ModelConfig(_Strict):
     format_options: dict[str, Any] = Field(default_factory=dict)
     """Options of the model format (e.g. kimi-k2.5 {thinking: false}; chat-template
     {stop_token, end_think_token, ...})."""
-    context_length: int | None = Field(None, gt=0)
+    context_length: int | None = Field(None, gt=0, le=TOKENS_MAX)
     """The model's context in tokens, if known: a prompt whose rendered length leaves no room
     for one answer token is recorded as failed (`prompt_too_long`) and never sent."""
 
@@ -69,7 +93,7 @@ class SamplingConfig(_Strict):
     temperature: float | None = 0.6
     top_p: float | None = 0.95
     top_k: int | None = None
-    max_tokens: int = Field(4096, gt=0)
+    max_tokens: int = Field(4096, gt=0, le=TOKENS_MAX)
     seed: int | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
     """Extra fields merged into every request body (OpenAI) or sampling_params (SGLang); not
@@ -315,6 +339,48 @@ def _format_validation_error(path: Path, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(f"key {key!r} is written twice")
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, except that a key written twice in one mapping is an error (YAML's merge key
+    `<<` may still bring keys that the mapping then overrides)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in first_line:
+                raise _DuplicateKey(key, line, first_line[key])
+            first_line.setdefault(key, line)
+        return super().construct_mapping(node, deep)
+
+
+def _check_size(path: Path, data: Any) -> None:
+    """Count the values the config expands to, stopping at MAX_CONFIG_VALUES: aliases make a
+    1 kB YAML stand for billions of values, which only blow up when something copies them."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    seen = 0
+    while stack:
+        value, where = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            under = ".".join(where.split(".")[:3]) or "(top level)"
+            raise ConfigError(f"{path}: {under}: the config expands to more "
+                              f"than {MAX_CONFIG_VALUES:,} values (YAML anchors and aliases "
+                              "repeated?); refused")
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}.{i}") for i, v in enumerate(value))
+
+
 def load_config(path: str | Path) -> RunConfig:
     """Read and validate run.yaml. Errors name the file and the key."""
     path = Path(path)
@@ -325,11 +391,15 @@ def load_config(path: str | Path) -> RunConfig:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read config: {e}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}:{e.line}: key {e.key!r} is written twice (first at line "
+                          f"{e.first}); keep one") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    _check_size(path, data)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:

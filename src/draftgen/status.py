@@ -29,7 +29,7 @@ from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
 from draftgen.store.rescue import Rescued, read_rescued
 from draftgen.store.resume import spend_in
-from draftgen.store.runinfo import read_run_json, session_unsettled_usd
+from draftgen.store.runinfo import RunJsonDamaged, read_run_json, session_unsettled_usd
 
 WINDOW_S = 300.0
 """The span of the "last minutes" rates."""
@@ -524,7 +524,9 @@ def open_layout(root: Path) -> tuple[RunLayout, dict[str, Any]]:
                           "folders with responses.jsonl or failures.jsonl)")
     try:
         run_json = read_run_json(layout.run_json)
-    except (OSError, orjson.JSONDecodeError) as e:
+    except RunJsonDamaged as e:
+        raise StatusError(str(e)) from None
+    except OSError as e:
         raise StatusError(f"{layout.run_json}: cannot read: {e}") from None
     return layout, run_json
 
@@ -978,11 +980,14 @@ def render_status(st: RunStatus, console: Any) -> None:
 def _group_table(title: str, groups: dict[str, Sums]) -> Any:
     from rich.table import Table
 
+    from draftgen.printable import for_console
+
     table = Table(title=title, title_justify="left", header_style="bold")
     for col in ("", "answers", "out tokens", "$"):
         table.add_column(col, justify="left" if not col else "right")
     for key, s in sorted(groups.items(), key=lambda kv: -kv[1].done):
-        table.add_row(key, f"{s.done:,}", f"{s.output_tokens:,}", f"{s.cost_usd:.4f}")
+        table.add_row(for_console(key), f"{s.done:,}", f"{s.output_tokens:,}",
+                      f"{s.cost_usd:.4f}")
     return table
 
 

@@ -5,10 +5,14 @@ written as it was."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import socket
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,8 @@ import yaml
 from draftgen.testing.server import TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
 from tests.reliability.helpers import (
+    DRAFTGEN,
+    ServerProcess,
     check_folder,
     draftgen,
     merge_config,
@@ -58,12 +64,15 @@ def base(tmp_path_factory: pytest.TempPathFactory, qwen3_dir: Path) -> Iterator[
 
 def _bad_run(base: Base, tmp_path: Path, *, extra_lines: list[bytes] = (), new_rows: int = 3,
              cfg: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-             timeout: float = 120, args: tuple[str, ...] = ()) -> tuple[Any, Path, bytes, Path]:
-    """Copy the good run folder, write a dataset (the good rows, new good rows, the bad
-    lines), run `draftgen run` on the copy. Returns the process, the run folder, the bytes
-    of responses.jsonl before, and the dataset path."""
+             timeout: float = 120, args: tuple[str, ...] = (),
+             damage: Callable[[Path], None] | None = None) -> tuple[Any, Path, bytes, Path]:
+    """Copy the good run folder (and `damage` the copy), write a dataset (the good rows, new
+    good rows, the bad lines), run `draftgen run` on the copy. Returns the process, the run
+    folder, the bytes of responses.jsonl before, and the dataset path."""
     run_dir = tmp_path / "run"
     shutil.copytree(base.run_dir, run_dir)
+    if damage is not None:
+        damage(run_dir)
     before = (run_dir / "d" / "responses.jsonl").read_bytes()
     data = tmp_path / "d.jsonl"
     good = b"".join(orjson.dumps(r) + b"\n" for r in prompt_rows(GOOD, "g"))
@@ -155,6 +164,12 @@ def test_a_dataset_of_nothing_but_unknown_rows(base: Base, tmp_path: Path, relia
 @pytest.mark.parametrize("what,cfg,rc,message", [
     ("missing dataset file", {"datasets": [{"name": "d", "path": "/nonexistent/d.jsonl"}]}, 2,
      "/nonexistent/d.jsonl: no such file or folder"),
+    ("missing dataset file with rich markup in its name",
+     {"datasets": [{"name": "d", "path": "/nonexistent/[bold]d.jsonl"}]}, 2,
+     "/nonexistent/[bold]d.jsonl: no such file or folder"),
+    ("dataset path typo that looks like a hub name",
+     {"datasets": [{"name": "d", "path": "data/chta.jsonl"}]}, 2,
+     "data/chta.jsonl: no such file or folder"),
     ("unknown dataset file format", {"datasets": [{"name": "d", "path": "__CSV__"}]}, 2,
      "unknown dataset format"),
     ("config key typo", {"backends": [{"name": "local", "type": "sglang",
@@ -162,6 +177,15 @@ def test_a_dataset_of_nothing_but_unknown_rows(base: Base, tmp_path: Path, relia
      "backends.0.concurency: unknown key (typo?)"),
     ("wrong type in the config", {"sampling": {"max_tokens": "lots"}}, 2,
      "sampling.max_tokens: Input should be a valid integer"),
+    ("max_tokens: 1e20 (a float)", {"sampling": {"max_tokens": 1e20}}, 2,
+     "sampling.max_tokens: Input should be a valid integer"),
+    ("max_tokens past any engine's 32-bit count", {"sampling": {"max_tokens": 2**40}}, 2,
+     "sampling.max_tokens: Input should be less than or equal to 2147483647"),
+    ("sampling.extra that is no JSON (a YAML !!set)", {"sampling": {"extra": {"x": {1, 2}}}},
+     2, "sampling.extra: Value error, cannot be sent as JSON"),
+    ("concurrency: true", {"backends": [{"name": "local", "type": "sglang",
+                                          "url": "http://127.0.0.1:9", "concurrency": True}]},
+     2, "backends.0.concurrency: Input should be a valid integer"),
     ("missing env var for the API key", {"backends": [{
         "name": "or", "type": "openrouter", "url": "http://127.0.0.1:9",
         "api_key_env": "DRAFTGEN_TEST_SURELY_UNSET_KEY"}]}, 2,
@@ -253,3 +277,246 @@ def test_an_unreachable_url(base: Base, tmp_path: Path, reliability, probe: bool
     assert {f["kind"] for f in failures} <= {"connection"}
     assert probe or len(failures) == 3  # the three new prompts
     assert wall < 60
+
+
+@pytest.mark.parametrize("what,content", [
+    ("truncated", None), ("empty", b""), ("garbage", b"\x00\xff garbage {"),
+    ("not an object", b"[1, 2]")])
+def test_a_damaged_run_json(base: Base, tmp_path: Path, reliability, what: str,
+                            content: bytes | None) -> None:
+    case = reliability(SCENARIO, f"a {what} run.json: status, audit and export name it and "
+                       "say how to recover; `draftgen run` sets it aside and rebuilds it")
+    original = (base.run_dir / "run.json").read_bytes()
+    bad = original[: len(original) // 2] if content is None else content
+
+    def damage(run_dir: Path) -> None:
+        (run_dir / "run.json").write_bytes(bad)
+        for command in (("status",), ("audit",), ("export", "-f", "parquet", "-o",
+                                                   str(tmp_path / "out"))):
+            proc = draftgen(*command, str(run_dir))
+            case.crashed += "Traceback" in proc.stderr
+            assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+            assert proc.returncode in (1, 2), proc.stderr
+            assert f"{run_dir / 'run.json'}: damaged" in proc.stderr, proc.stderr
+            assert "`draftgen run` with the run's config rebuilds it" in proc.stderr
+
+    proc, run_dir, before, _ = _bad_run(base, tmp_path, damage=damage)
+    _intact(case, proc, run_dir, before)
+    kept = sorted(run_dir.glob("run.json.damaged-*"))
+    said = next((x for x in proc.stderr.splitlines() if "run.json: damaged" in x), "")
+    case.note(f"exit {proc.returncode}; `{said.split(' ', 2)[-1][:200]}`")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.read_bytes() for p in kept] == [bad], "the damaged file was not kept as it was"
+    assert "rebuilt" in said
+    assert _answered(run_dir) == {f"g{i}" for i in range(GOOD)} | {"n0", "n1", "n2"}
+    status = draftgen("status", "--json", str(run_dir))
+    assert status.returncode == 0, status.stderr
+    assert orjson.loads(status.stdout)["total"]["done"] == GOOD + 3
+
+
+def test_a_dataset_reordered_with_the_same_size_and_mtime(base: Base, tmp_path: Path,
+                                                          reliability) -> None:
+    case = reliability(SCENARIO, "a dataset reordered keeping its size and mtime (the prompt "
+                       "cache's key cannot tell): found at load, read in full, the run completes")
+    rows = prompt_rows(GOOD, "g") + prompt_rows(4, "n")
+    proc, run_dir, before, data = _bad_run(
+        base, tmp_path, new_rows=4, args=no_probe(), cfg={"datasets": [
+            {"name": "d", "path": str(tmp_path / "d.jsonl"), "max_prompts": GOOD + 1}]})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stat = data.stat()
+    rows[-3:] = rows[-3:][::-1]  # n1, n2, n3 reversed: same size, IDs at other offsets
+    write_jsonl(data, rows)
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    path = tmp_path / "run.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["datasets"] = [{"name": "d", "path": str(data)}]
+    path.write_text(yaml.safe_dump(config))
+    proc = draftgen("run", str(path), "--no-live", *no_probe())
+    _intact(case, proc, run_dir, before)
+    said = next((x for x in proc.stderr.splitlines() if f"{data}:" in x), "")
+    case.note(f"exit {proc.returncode}: `{said.split(' ', 2)[-1][:250]}`")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "reading it in full" in said, proc.stderr[-3000:]
+    assert _answered(run_dir) == {f"g{i}" for i in range(GOOD)} | {f"n{i}" for i in range(4)}
+
+
+@contextlib.contextmanager
+def _read_only(folder: Path) -> Iterator[None]:
+    """`folder` read-only for this user: a read-only bind mount for root (who ignores
+    permission bits), the permission bits for anyone else."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")]}
+        for p in modes:
+            p.chmod(p.stat().st_mode & ~0o222)
+        try:
+            yield
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+        return
+    if subprocess.run(["mount", "--bind", str(folder), str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here to make a folder read-only")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("cannot remount a bind mount read-only here")
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("what", ["report on a read-only run folder", "report --out FILE",
+                                  "stop FILE", "audit --quarantine FILE"])
+def test_a_command_on_the_wrong_kind_of_path(base: Base, tmp_path: Path, reliability,
+                                             what: str) -> None:
+    case = reliability(SCENARIO, f"{what}: exit 2, the path named and what to do")
+    run_dir = tmp_path / "run"
+    shutil.copytree(base.run_dir, run_dir)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    if what.startswith("report on"):
+        with _read_only(run_dir):
+            proc = draftgen("report", str(run_dir))
+        named = str(run_dir / "report")
+    else:
+        args = {"report --out FILE": ("report", str(run_dir), "--out", str(a_file)),
+                "stop FILE": ("stop", str(a_file)),
+                "audit --quarantine FILE": ("audit", "--quarantine", str(a_file))}[what]
+        proc = draftgen(*args)
+        named = str(a_file)
+    said = proc.stderr.strip()
+    case.runs += 1
+    case.crashed += "Traceback" in proc.stderr or proc.returncode != 2
+    case.note(f"exit {proc.returncode}: `{said.splitlines()[-1][:250] if said else ''}`")
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 2 and len(said.splitlines()) == 1, said
+    assert named in said, said
+    assert a_file.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["file", "under-a-file"])
+def test_an_output_dir_that_is_a_file(base: Base, tmp_path: Path, reliability,
+                                      below: bool) -> None:
+    case = reliability(SCENARIO, "output_dir naming a file" + (" (or a folder under one)"
+                       if below else "") + ": exit 2, the file named, the file untouched")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    cfg = {"output_dir": str(a_file / "run" if below else a_file)}
+    proc, run_dir, before, _ = _bad_run(base, tmp_path, cfg=cfg, args=no_probe())
+    _intact(case, proc, run_dir, before)
+    said = proc.stderr.strip()
+    case.note(f"exit {proc.returncode}: `{said[:250]}`")
+    assert proc.returncode == 2 and said.count("\n") == 0, said
+    assert f"{a_file}: a file, not a folder" in said, said
+    assert a_file.read_text() == "mine\n"
+
+
+BOMB = "".join(f"      {x}: &{x} [{', '.join([f'*{p}' if p else '0' for _ in range(9)])}]\n"
+               for p, x in zip(["", *"abcdefgh"], "abcdefghi", strict=True))
+"""A billion values in under 1 kB: each line lists the line above nine times."""
+
+
+@pytest.mark.parametrize("what,tail,message", [
+    ("a key written twice", "budget:\n  usd: 5\n  usd: 50\n",
+     ":{line2}: key 'usd' is written twice (first at line {line1}); keep one"),
+    ("an anchor bomb in sampling.extra", "sampling:\n  max_tokens: 64\n  extra:\n"
+     "    bomb:\n" + BOMB, ": sampling.extra.bomb: the config expands to more than"),
+])
+def test_a_config_yaml_refused_before_use(base: Base, tmp_path: Path, reliability, what: str,
+                                          tail: str, message: str) -> None:
+    case = reliability(SCENARIO, f"{what} in run.yaml: `--dry-run` and `run` refuse it at once "
+                       "(exit 2, the file, key and line named)")
+    config = {k: v for k, v in base.cfg.items() if k != "sampling"}
+    head = yaml.safe_dump({**config, "output_dir": str(tmp_path / "run")})
+    path = tmp_path / "run.yaml"
+    path.write_text(head + tail)
+    first = head.count("\n") + 2
+    message = message.format(line1=first, line2=first + 1)
+    for args in (("--dry-run",), ("--no-live", *no_probe())):
+        t0 = time.monotonic()
+        proc = draftgen("run", str(path), *args, timeout=60)
+        wall = time.monotonic() - t0
+        said = proc.stderr.strip()
+        case.runs += 1
+        case.crashed += "Traceback" in proc.stderr or proc.returncode != 2
+        case.note(f"run {' '.join(args)}: exit {proc.returncode} after {wall:.1f}s: "
+                  f"`{said[:200]}`")
+        assert proc.returncode == 2 and "\n" not in said, said[-3000:]
+        assert f"{path}{message}" in said, said
+        assert wall < 30
+    assert not (tmp_path / "run").exists()
+
+
+def _signalled_during_probe(args: list[str], sig: signal.Signals) -> tuple[int, str]:
+    """`draftgen ARGS`, sent `sig` once its probe has a request in flight: exit code, stderr."""
+    proc = subprocess.Popen(
+        [*DRAFTGEN, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    assert proc.stderr is not None
+    said = ""
+    while "probing backend" not in said and proc.poll() is None:
+        said += proc.stderr.readline()
+    time.sleep(0.5)  # the probe's first request waits on the server's latency
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    return proc.wait(timeout=60), said + rest
+
+
+@pytest.mark.parametrize("command", ["probe", "run"])
+def test_sigterm_and_sigint_during_the_probe_are_alike(base: Base, tmp_path: Path,
+                                                      reliability, command: str) -> None:
+    case = reliability(SCENARIO, f"SIGTERM or SIGINT while `draftgen {command}` probes: the "
+                       "same exit and message, nothing lost, no traceback")
+    endings: dict[str, tuple[int, str]] = {}
+    with ServerProcess("--latency", "3") as server:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            folder = tmp_path / sig.name
+            folder.mkdir()
+            cfg = {"backends": [{"name": "slow", "type": "openai", "url": server.url}]}
+            proc, run_dir, before, _ = _bad_run(base, folder, cfg=cfg, args=("--dry-run",))
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            args = [command, str(folder / "run.yaml")] + (["--no-live"] if command == "run"
+                                                          else [])
+            code, said = _signalled_during_probe(args, sig)
+            case.runs += 1
+            case.crashed += "Traceback" in said or code not in (0, 130)
+            last = said.strip().splitlines()[-1] if said.strip() else ""
+            case.note(f"{sig.name}: exit {code}, `{last[:200]}`")
+            assert "Traceback" not in said, said[-3000:]
+            assert (run_dir / "d" / "responses.jsonl").read_bytes() == before
+            endings[sig.name] = (code, last.replace(sig.name, "SIGNAL"))
+    assert endings["SIGTERM"] == endings["SIGINT"], endings
+    assert endings["SIGTERM"][0] in (0, 130)
+
+
+EVIL_PROVIDER = "\x1b[2J\x1b[31mEvil[bold]Co\x1b[0m\x1b]0;pwned\x07\u202e"
+"""Clears the screen, colours, sets the window title, reverses the text: all to be dropped."""
+
+
+def test_terminal_escapes_from_a_server_are_never_printed(base: Base, tmp_path: Path,
+                                                          reliability) -> None:
+    case = reliability(SCENARIO, "a provider name carrying terminal escapes and rich markup: "
+                       "audit, status, report and probe print it inert")
+    with ServerProcess("--providers", EVIL_PROVIDER) as server:
+        cfg = {"backends": [{"name": "evil", "type": "openai", "url": server.url}]}
+        proc, run_dir, before, _ = _bad_run(base, tmp_path, cfg=cfg, args=no_probe())
+        _intact(case, proc, run_dir, before)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs = {
+            "audit": draftgen("audit", str(run_dir), env={"COLUMNS": "200"}),
+            "status": draftgen("status", str(run_dir), env={"COLUMNS": "200"}),
+            "report": draftgen("report", str(run_dir), "--out", str(tmp_path / "report")),
+            "probe": draftgen("probe", str(tmp_path / "run.yaml"), "--no-save",
+                              env={"COLUMNS": "300"}),
+        }
+    page = (tmp_path / "report" / "index.html").read_text()
+    for command, out in {**outputs, "report page": page}.items():
+        text = out if isinstance(out, str) else out.stdout + out.stderr
+        raw = [c for c in ("\x1b", "\x07", "\u202e") if c in text]
+        case.runs += 1
+        case.crashed += bool(raw) or "Traceback" in text
+        case.note(f"{command}: {'escapes printed raw: ' + repr(raw) if raw else 'inert'}")
+        assert not raw, (command, text[-2000:])
+        if command in ("audit", "status", "probe"):  # they show it (report: in a PNG)
+            assert "Evil[bold]Co" in text, (command, text[-2000:])

@@ -162,6 +162,8 @@ def _dataset_json(d: DatasetAudit) -> dict[str, Any]:
 def render_report(report: AuditReport, console: Any) -> None:
     from rich.table import Table
 
+    from draftgen.printable import for_console
+
     verdict = "[bold green]all answers pass[/]" if report.ok else (
         f"[bold red]{report.failing:,} failing line(s)[/]")
     console.print(f"[bold]{report.root}[/] · {report.answers:,} answers audited against "
@@ -194,7 +196,7 @@ def render_report(report: AuditReport, console: Any) -> None:
             t.add_column(col, justify="right" if col == "answers" else "left")
         for name, g in groups.items():
             fails = ", ".join(f"{p} {n:,}" for p, n in sorted(g["problems"].items())) or "-"
-            t.add_row(name, f"{g['answers']:,}", fails)
+            t.add_row(for_console(name), f"{g['answers']:,}", fails)
         console.print(t)
     if report.sharded:
         console.print(_folders_table(report))

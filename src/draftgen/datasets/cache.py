@@ -70,6 +70,14 @@ def write_cache(path: Path, key: str, index: PromptIndex, stats: LoadStats) -> N
         tmp.unlink(missing_ok=True)
 
 
+def discard_cache(path: Path) -> None:
+    """Remove a cache file found stale (it is draftgen's own, derived from the dataset)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("%s: cannot remove the stale prompt cache (%s); remove it by hand", path, e)
+
+
 def read_cache(path: Path, key: str) -> tuple[PromptIndex, LoadStats] | None:
     """The cached index and stats when the file is whole and carries `key`; else None."""
     try:

@@ -33,6 +33,9 @@ JSON_ROW_LIST_KEYS = ("data", "rows", "train")
 PLAIN_JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSONL_SUFFIXES = (*PLAIN_JSONL_SUFFIXES, ".jsonl.gz", ".ndjson.gz")
 FOLDER_DATA_SUFFIXES = (*JSONL_SUFFIXES, ".parquet")
+LOCAL_FILE_SUFFIXES = (*FOLDER_DATA_SUFFIXES, ".json", ".json.gz", ".arrow", ".csv", ".tsv",
+                       ".txt", ".gz")
+"""Names that are files: a path ending so that does not exist is a typo, never a hub name."""
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 UTF8_BOM = b"\xef\xbb\xbf"
 _SKIP_CHUNK_BYTES = 16 * 1024 * 1024
@@ -70,9 +73,16 @@ def open_rows(path: str, split: str = "train", subset: str | None = None) -> Row
         return _open_folder(local, split)
     if local.is_file():
         return _open_file(local)
-    if not local.exists() and HUB_NAME.match(path):
+    if not local.exists() and HUB_NAME.match(path) and not _looks_local(local):
         return _open_hub(path, split, subset)
     raise DatasetError(f"{path}: no such file or folder")
+
+
+def _looks_local(path: Path) -> bool:
+    """Whether an `org/name` that is not on disk is still meant as a local path (a typo, not a
+    hub dataset): its first part is a local folder (`data/chta.jsonl`), or its name ends with
+    a data file's suffix, which hub dataset names do not have."""
+    return Path(path.parts[0]).is_dir() or path.name.lower().endswith(LOCAL_FILE_SUFFIXES)
 
 
 def plain_jsonl_files(path: str, split: str = "train") -> list[Path] | None:

@@ -11,6 +11,7 @@ row: they are parsed in full each time and their prompts held in memory.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from draftgen.config import DatasetConfig
-from draftgen.datasets.cache import cache_key, read_cache, write_cache
+from draftgen.datasets.cache import cache_key, discard_cache, read_cache, write_cache
 from draftgen.datasets.errors import BadRow, BadRowError, DatasetError
 from draftgen.datasets.prompts import LoadStats, admitted_rows, iter_prompts, prompt_and_identity
 from draftgen.datasets.readers import Row, located_jsonl_rows, plain_jsonl_files, rows_at
@@ -27,6 +28,10 @@ from draftgen.types import Prompt
 
 LOAD_BATCH = 512
 """Prompts read at a time when the table is iterated."""
+SPOT_CHECKS = 64
+"""Rows of a cached dataset re-read at load to check the cache still describes the file."""
+
+log = logging.getLogger("draftgen.datasets")
 
 Loader = Callable[[np.ndarray], list[Prompt]]
 """Dataset positions → their prompts, in that order."""
@@ -101,11 +106,28 @@ def load_prompt_table(cfg: DatasetConfig, cache_path: Path | None = None
     cached = read_cache(cache_path, key)
     if cached is not None:
         index, stats = cached
-        return PromptTable(cfg.name, index, JsonlRowLoader(cfg, index)), stats
+        loader = JsonlRowLoader(cfg, index, cache_path)
+        if _rows_still_match(loader, len(index)):
+            return PromptTable(cfg.name, index, loader), stats
     prompts, index, stats = _read_located(cfg, files)
     unchanged = cache_key(cfg, files) == key  # not written to while it was read
     writer = partial(write_cache, cache_path, key, index, stats) if unchanged else None
     return PromptTable(cfg.name, index, _from_memory(prompts), cache_writer=writer), stats
+
+
+def _rows_still_match(loader: JsonlRowLoader, count: int) -> bool:
+    """Whether SPOT_CHECKS rows spread over the dataset (the first and last among them) still
+    give their cached IDs: a file rewritten keeping its size and mtime (sorted, shuffled) is
+    read in full now rather than failing when its rows are sent. A mismatch discards the
+    cache."""
+    sample = np.unique(np.linspace(0, count - 1, num=min(count, SPOT_CHECKS)).astype(np.int64))
+    try:
+        loader(sample)
+    except DatasetChanged as e:
+        log.warning("%s: the dataset file changed since its prompt cache was written (%s); "
+                    "reading it in full", e.source, e.why)
+        return False
+    return True
 
 
 def _read_in_memory(cfg: DatasetConfig) -> tuple[PromptTable, LoadStats]:
@@ -136,11 +158,14 @@ def _from_memory(prompts: list[Prompt]) -> Loader:
 
 class JsonlRowLoader:
     """Re-reads prompts from their JSONL rows by offset, checking that each row still gives
-    the ID it had when the cache was written."""
+    the ID it had when the cache was written. A row that does not (the file changed without
+    its size and mtime changing: the cache's key cannot tell) discards the cache, so that the
+    next run reads the dataset in full and writes it again."""
 
-    def __init__(self, cfg: DatasetConfig, index: PromptIndex) -> None:
+    def __init__(self, cfg: DatasetConfig, index: PromptIndex, cache_path: Path) -> None:
         assert index.places is not None
         self._cfg = cfg
+        self._cache_path = cache_path
         self._index = index
         self._places = index.places
 
@@ -164,7 +189,16 @@ class JsonlRowLoader:
         prompt.id = cached_id
         return prompt
 
-    def _changed(self, source: str | None, why: str) -> DatasetError:
-        return DatasetError(
-            f"{source}: the dataset file changed while the run was using it ({why}); "
-            f"restart the run to read dataset {self._cfg.name!r} again")
+    def _changed(self, source: str | None, why: str) -> DatasetChanged:
+        discard_cache(self._cache_path)
+        return DatasetChanged(source, why, self._cfg.name)
+
+
+class DatasetChanged(DatasetError):
+    """A row no longer gives the ID its prompt cache holds (the cache is discarded)."""
+
+    def __init__(self, source: str | None, why: str, dataset: str) -> None:
+        self.source, self.why = source, why
+        super().__init__(f"{source}: the dataset file changed since its prompt cache was "
+                         f"written ({why}); the cache is discarded: run again to read dataset "
+                         f"{dataset!r} in full")

@@ -25,7 +25,7 @@ from draftgen.store.columns import id_hash
 from draftgen.store.fast_index import load_index_columns
 from draftgen.store.layout import FAILURES, RESPONSES, RunLayout
 from draftgen.store.rescue import count_rescued
-from draftgen.store.runinfo import read_run_json
+from draftgen.store.runinfo import RunJsonDamaged, read_run_json
 from draftgen.tokenize import Tokenizer, TokenizerError, load_tokenizer
 
 log = logging.getLogger("draftgen.export")
@@ -192,7 +192,9 @@ def _warn_rescued(layouts: list[RunLayout]) -> None:
 def _run_json(layout: RunLayout) -> dict[str, Any]:
     try:
         return read_run_json(layout.run_json)
-    except (OSError, orjson.JSONDecodeError) as e:
+    except RunJsonDamaged as e:
+        raise SourceError(str(e)) from None
+    except OSError as e:
         raise SourceError(f"{layout.run_json}: cannot read: {e}") from None
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -51,6 +54,41 @@ async def probe_config(cfg: RunConfig, fmt: Format, opts: ProbeOptions) -> list[
         finally:
             for b in backends:
                 await b.close()
+
+
+class ProbeStopped(Exception):
+    """SIGINT or SIGTERM arrived while probing: the probe was cancelled, nothing recorded."""
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+async def probe_until_stopped(cfg: RunConfig, fmt: Format, opts: ProbeOptions
+                              ) -> list[BackendProbe]:
+    """`probe_config`, cancelled alike by SIGINT and SIGTERM (the backends and managed servers
+    closed on the way out): ProbeStopped naming the signal."""
+    task = asyncio.ensure_future(probe_config(cfg, fmt, opts))
+    loop = asyncio.get_running_loop()
+    received: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        received.append(sig)
+        task.cancel()
+
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        raise ProbeStopped(f"probe stopped by {received[0].name}: nothing recorded in "
+                           "run.json") from None
+    finally:
+        for sig in STOP_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
 
 
 def save_results(cfg: RunConfig, results: Sequence[BackendProbe]) -> str | None:

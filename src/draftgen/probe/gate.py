@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftgen.backends import Backend
+from draftgen.printable import printable
 from draftgen.probe.core import ProbeOptions, probe_all
 from draftgen.probe.model import BackendProbe, Problem
 from draftgen.store.runinfo import read_probe, record_probe
@@ -63,10 +64,11 @@ def dataset_needs(plan: Plan) -> dict[str, set[str]]:
 
 
 def _why(problem: Problem, needs: Mapping[str, set[str]]) -> str:
+    message = printable(problem.message)  # it may quote what the server said
     if problem.scope == "all":
-        return problem.message
+        return message
     names = sorted(n for n, s in needs.items() if problem.scope in s)
-    return f"{problem.message} (datasets needing {problem.scope}: {', '.join(names)})"
+    return f"{message} (datasets needing {problem.scope}: {', '.join(names)})"
 
 
 def decide(results: list[BackendProbe], needs: Mapping[str, set[str]]
@@ -107,7 +109,7 @@ def _log(results: list[BackendProbe], dropped: Mapping[str, str], cost: float) -
         where = " (stored result)" if r.cached else f" · ${r.cost_usd:.4f}"
         log.info("probe: backend %s: %s%s", r.backend, r.verdict, where)
         for w in [] if r.cached else r.warnings:  # shown once, when probed
-            log.info("probe: backend %s: %s", r.backend, w)
+            log.info("probe: backend %s: %s", r.backend, printable(w))
     for name, why in dropped.items():
         log.warning("backend %s left out of this run by the probe: %s", name, why)
     if any(not r.cached for r in results):

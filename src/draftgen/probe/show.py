@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from draftgen.printable import for_console
 from draftgen.probe.model import AnswerReport, BackendProbe
 
 _VERDICT_STYLE = {"exact": "bold green", "reconstructable": "bold yellow", "unsafe": "bold red"}
@@ -61,16 +62,17 @@ def print_results(results: Sequence[BackendProbe], console: Console) -> None:
     for col in COLUMNS:
         table.add_column(col, justify="right" if col == "cost" else "left")
     for r in results:
-        cells = row(r)
+        cells = [for_console(cell) for cell in row(r)]
         cells[1] = f"[{_VERDICT_STYLE[r.verdict]}]{r.verdict}[/]"
         table.add_row(*cells)
     console.print(table)
     for r in results:
         for p in r.problems:
             scope = " [dim](prompts with tools)[/]" if p.scope == "tools" else ""
-            console.print(f"[red]✗[/] {r.backend}: {_escape(p.message)}{scope}", highlight=False)
+            console.print(f"[red]✗[/] {r.backend}: {for_console(p.message)}{scope}",
+                          highlight=False)
         for w in r.warnings:
-            console.print(f"[yellow]![/] {r.backend}: {_escape(w)}", highlight=False)
+            console.print(f"[yellow]![/] {r.backend}: {for_console(w)}", highlight=False)
     fresh = [r for r in results if not r.cached]
     spent = sum(r.cost_usd for r in fresh)
     requests = sum(len(r.answers) for r in fresh)
@@ -79,10 +81,6 @@ def print_results(results: Sequence[BackendProbe], console: Console) -> None:
         console.print("reconstructable: IDs rebuilt from text pass the length checks; that is "
                       "not proof of exactness (a same-length non-canonical split goes unseen)",
                       highlight=False)
-
-
-def _escape(text: str) -> str:
-    return text.replace("[", r"\[")
 
 
 def to_json(results: Sequence[BackendProbe]) -> dict[str, Any]:

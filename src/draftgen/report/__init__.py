@@ -46,10 +46,21 @@ def write_report(run_dir: Path, out: Path | None = None) -> ReportResult:
         raise ReportError(str(e)) from None
     if out is not None:
         _refuse_run_data(out)
-    stats = collect(source)
     out = out or default_out(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"{out}: not a folder; --out names the folder that gets index.html "
+                          "and the PNGs")
+    stats = collect(source)
     figures = {name: png(plot(stats)) for name, plot in PLOTS.items()}
+    try:
+        return _write(out, stats, figures, render(stats, figures))
+    except OSError as e:
+        raise ReportError(f"{e.filename or out}: cannot write the report: {e.strerror}; give "
+                          "--out a folder you can write") from None
+
+
+def _write(out: Path, stats: RunStats, figures: dict[str, bytes], page: str) -> ReportResult:
+    out.mkdir(parents=True, exist_ok=True)
     pngs = []
     for name, data in figures.items():
         path = out / f"{name}.png"
@@ -57,7 +68,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> ReportResult:
         pngs.append(path)
     index = out / "index.html"
     tmp = index.with_suffix(".html.tmp")
-    tmp.write_text(render(stats, figures), encoding="utf-8")
+    tmp.write_text(page, encoding="utf-8")
     tmp.replace(index)
     return ReportResult(index, pngs, stats)
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from draftgen.printable import printable
 from draftgen.report.collect import DatasetStats, Reservoir, RunStats
 
 SECTIONS: list[tuple[str, str, str]] = [
@@ -42,7 +43,7 @@ nav a{margin-right:12px}.note{color:#666;font-size:13px}
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value))
+    return html.escape(printable(value))
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], css_id: str = "") -> str:

@@ -13,6 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from draftgen.printable import printable
 from draftgen.report.collect import BIN_S, RunStats
 
 DPI = 100
@@ -149,7 +150,7 @@ def providers(stats: RunStats) -> Figure:
         _empty(ax, "answers")
         return fig
     total = sum(stats.providers.values())
-    ax.barh([k for k, _ in top], [100 * v / total for _, v in top], color="#4c72b0")
+    ax.barh([printable(k) for k, _ in top], [100 * v / total for _, v in top], color="#4c72b0")
     ax.invert_yaxis()
     ax.set_xlabel("% of answers")
     ax.set_title("Provider · quantization shares")

@@ -30,6 +30,11 @@ class RunLock:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except (FileExistsError, NotADirectoryError):
+            in_the_way = next((p for p in (self.path.parent, *self.path.parent.parents)
+                               if p.exists() and not p.is_dir()), self.path.parent)
+            raise StoreError(f"{in_the_way}: a file, not a folder; output_dir must name a "
+                             "folder, or one draftgen can create") from None
         except OSError as e:
             raise StoreError(f"{self.path}: cannot open the run's lock: {e.strerror}") from None
         try:
@@ -74,7 +79,7 @@ def lock_holder(path: Path) -> dict[str, Any] | None:
     """The live holder's info, or None when no process holds the lock. Never blocks."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no run, or no folder at all
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import socket
@@ -15,8 +16,10 @@ import orjson
 
 from draftgen.store.appender import StoreError
 from draftgen.store.atomic import replace_file
-from draftgen.store.journal import as_usd
+from draftgen.store.journal import as_usd, read_journal
+from draftgen.store.layout import JOURNAL
 
+log = logging.getLogger("draftgen.store")
 _PACKAGES = ("draftgen", "aiohttp", "tokenizers", "orjson", "pydantic", "pyarrow", "transformers")
 
 
@@ -30,12 +33,64 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+class RunJsonDamaged(StoreError):
+    """run.json is there but is not a JSON object (truncated, empty, garbage)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.path, self.why = path, why
+        super().__init__(f"{path}: damaged, {why}; `draftgen run` with the run's config "
+                         "rebuilds it from the journal and the answers (keeping the damaged "
+                         "file beside it)")
+
+
 def read_run_json(path: Path) -> dict[str, Any]:
+    """run.json as a dict ({} when there is none); RunJsonDamaged, saying how to recover, when
+    it cannot be parsed."""
     try:
         data = orjson.loads(path.read_bytes())
     except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except orjson.JSONDecodeError as e:
+        raise RunJsonDamaged(path, f"not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise RunJsonDamaged(path, f"not a JSON object (a {type(data).__name__})")
+    return data
+
+
+def _read_or_rebuild(path: Path) -> dict[str, Any]:
+    """run.json for the writer (who holds the run's lock): a damaged one is renamed aside,
+    never deleted, and rebuilt with one placeholder per session the journal knows of, so that
+    session numbers go on rising and the last session's requests in flight are still counted
+    against the budget. The config, tokenizer and dataset totals are written by this session."""
+    try:
+        return read_run_json(path)
+    except RunJsonDamaged as e:
+        try:
+            damaged = _set_aside(path)
+        except OSError as err:
+            raise StoreError(f"{e}; cannot set it aside: {err.strerror}") from None
+        last = read_journal(path.with_name(JOURNAL)).session
+        sessions = [{"started_at": None, "stopped_at": None, "outcome": None, "rebuilt": True}
+                    for _ in range(0 if last is None else last + 1)]
+        log.warning("%s: damaged, %s; moved to %s and rebuilt (%d earlier sessions known "
+                    "from the journal; what they recorded there, such as the spend of requests "
+                    "aborted in sessions before the last, is only in the damaged file)",
+                    path, e.why, damaged.name, len(sessions))
+        return {"rebuilt_from": damaged.name, "sessions": sessions}
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename `path` to PATH.damaged-TIME (-2, -3... where taken: nothing is replaced)."""
+    stem = f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+    for n in range(1, 1000):
+        aside = path.with_name(stem if n == 1 else f"{stem}-{n}")
+        try:
+            os.link(path, aside)  # fails where the name is taken, unlike a rename
+        except FileExistsError:
+            continue
+        path.unlink()
+        return aside
+    raise FileExistsError(f"{path.name}.damaged-*: too many")
 
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -49,9 +104,9 @@ def write_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def start_session(path: Path, config: dict[str, Any], tokenizer: dict[str, Any],
                   accepted_changes: list[str] | None = None) -> int:
-    """Record a new session in run.json, with the settings that define its data (and the
-    changes to them it was allowed to make); returns its index."""
-    data = read_run_json(path)
+    """Record a new session in run.json (rebuilt first where it is damaged), with the settings
+    that define its data (and the changes to them it was allowed to make); returns its index."""
+    data = _read_or_rebuild(path)
     data.setdefault("created_at", time.time())
     _backfill_settings(data)
     data["config"] = config
@@ -181,7 +236,10 @@ def record_datasets(path: Path, datasets: dict[str, dict[str, Any]]) -> None:
 
 def read_probe(path: Path) -> dict[str, Any]:
     """run.json's `probe` entry: {"backends": {NAME: result}, "updated_at", "last_gate"}."""
-    probe = read_run_json(path).get("probe")
+    try:
+        probe = read_run_json(path).get("probe")
+    except RunJsonDamaged:  # a cache: probed again, and stored in the rebuilt run.json
+        return {}
     return probe if isinstance(probe, dict) else {}
 
 
@@ -189,7 +247,7 @@ def record_probe(path: Path, results: dict[str, dict[str, Any]],
                  gate: dict[str, Any] | None = None) -> None:
     """Store probe results (one per backend, replacing that backend's older one) and, for a
     run, what it decided (`gate`: backends kept, dropped and why, spend)."""
-    data = read_run_json(path)
+    data = _read_or_rebuild(path)
     probe = data.get("probe") if isinstance(data.get("probe"), dict) else {}
     backends = probe.get("backends") if isinstance(probe.get("backends"), dict) else {}
     backends.update(results)

@@ -1,0 +1,32 @@
+"""Text a server supplied (provider names, quantizations, messages), made safe to print: a
+hostile or broken endpoint must not move the cursor, recolour or clear the terminal, or forge
+lines of output. Every command that prints such text (audit, status, report, probe) goes
+through `printable`, and through `for_console` where rich would read it as markup."""
+
+from __future__ import annotations
+
+import re
+
+_ESCAPES = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, clearing
+    r"|\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window titles, hyperlinks
+    r"|[@-Z\\-_])"  # other two-byte escapes
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # the one-byte CSI
+)
+REPLACEMENT = "?"
+
+
+def printable(text: object) -> str:
+    """`text` without terminal escape sequences, its other unprintable characters (controls,
+    newlines, bidi overrides) shown as "?"."""
+    cleaned = _ESCAPES.sub("", str(text))
+    if cleaned.isprintable():
+        return cleaned
+    return "".join(ch if ch.isprintable() else REPLACEMENT for ch in cleaned)
+
+
+def for_console(text: object) -> str:
+    """`printable(text)` with rich markup escaped, for a rich table cell or print."""
+    from rich.markup import escape
+
+    return escape(printable(text))
