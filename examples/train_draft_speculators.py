@@ -2,7 +2,7 @@
 
     bash scripts/quickstart.sh                        # the quickstart run (runs/quickstart)
     draftgen export runs/quickstart --format speculators --out data/quickstart-spec
-    python examples/train_draft_speculators.py data/quickstart-spec --steps 40
+    python examples/train_draft_speculators.py data/quickstart-spec --epochs 15
 
 What it does, each step with speculators' own code (speculators==0.9.0) where one exists:
 
@@ -95,7 +95,7 @@ class StepLosses(logging.Handler):
                                                 **record.msg[kind]})
 
 
-def train(data: Path, verifier: Path, save: Path, steps: int, draft_vocab: int,
+def train(data: Path, verifier: Path, save: Path, epochs: int, draft_vocab: int,
           seq_len: int, lr: float) -> StepLosses:
     # the two CPU changes (see the docstring)
     trainer_module.get_local_rank = lambda: "cpu"
@@ -115,7 +115,7 @@ def train(data: Path, verifier: Path, save: Path, steps: int, draft_vocab: int,
         "--draft-attn-impl=eager", "--loss-implementation=eager",  # no Triton on CPU
         "--hidden-states-dtype=float32",
         f"--total-seq-len={seq_len}", "--num-workers=0", "--on-missing=raise",
-        f"--max-steps={steps}", "--epochs=1000", f"--lr={lr}", "--log-freq=1",
+        f"--epochs={epochs}", f"--lr={lr}", "--log-freq=1",  # (--max-steps ends no epoch loop)
         "--train-data-ratio=0.9", f"--save-path={save}", "--checkpoint-freq=1000",
     ])
     cli.main(cfg)
@@ -128,7 +128,8 @@ def main() -> None:
                    "(with --val-fraction: its train/ folder)")
     p.add_argument("--work", type=Path, default=Path("runs/train-draft"),
                    help="the verifier folder and checkpoints go here")
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--epochs", type=int, default=15,
+                   help="passes over the train part (90%% of the rows, packed per --seq-len)")
     p.add_argument("--draft-vocab-size", type=int, default=4096)
     p.add_argument("--seq-len", type=int, default=2048, help="tokens packed into one batch")
     p.add_argument("--lr", type=float, default=3e-4)
@@ -139,7 +140,7 @@ def main() -> None:
     verifier = export_verifier(args.work / "verifier")
     rows = cache_hidden_states(args.export, verifier)
     print(f"hidden states for {rows} rows in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    losses = train(args.export, verifier, args.work / "checkpoints", args.steps,
+    losses = train(args.export, verifier, args.work / "checkpoints", args.epochs,
                    args.draft_vocab_size, args.seq_len, args.lr)
     for m in losses.train:
         print(f"step {m['step']:>3}  loss {m['loss']:.4f}")
