@@ -91,8 +91,8 @@ class StepLosses(logging.Handler):
         if isinstance(record.msg, dict):
             for kind in ("train", "val"):
                 if kind in record.msg:
-                    getattr(self, kind).append({"step": record.msg.get("global_step", -1),
-                                                **record.msg[kind]})
+                    where = {k: record.msg[k] for k in ("global_step", "epoch") if k in record.msg}
+                    getattr(self, kind).append({**where, **record.msg[kind]})
 
 
 def train(data: Path, verifier: Path, save: Path, epochs: int, draft_vocab: int,
@@ -143,10 +143,9 @@ def main() -> None:
     losses = train(args.export, verifier, args.work / "checkpoints", args.epochs,
                    args.draft_vocab_size, args.seq_len, args.lr)
     for m in losses.train:
-        print(f"step {m['step']:>3}  loss {m['loss']:.4f}")
+        print(f"step {m['global_step']:>3}  loss {m['loss']:.4f}")
     for m in losses.val:
-        print(f"val  step {m['step']:>3}  " + "  ".join(f"{k} {v:.4f}" for k, v in m.items()
-                                                     if k != "step"))
+        print(f"val after epoch {m['epoch'] + 1:>3}  loss {m['loss_epoch']:.4f}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "train": losses.train, "val": losses.val,
                                          "seconds": round(time.monotonic() - started, 1)},
