@@ -29,6 +29,16 @@ if [ "${DRAFTGEN_ENV_READY:-0}" != "1" ]; then
   fi
   # trainers (conformance tests)
   if [ -n "$_draftgen_extras" ]; then
+    # torch resolves to a CPU wheel; transformers and torch are shared by both trainers.
+    python -m pip install -q --disable-pip-version-check torch==2.13.0 transformers==5.8.1
+    # speculators' data and training modules (train.data, train.cli, vocab_mapping,
+    # data_generation.preprocessing) import hs-connectors, openai, loguru and
+    # pydantic-settings besides those; the rest of its requirements (vLLM clients,
+    # torchvision, torchaudio) are for GPUs.
+    python -m pip install -q --disable-pip-version-check --no-deps speculators==0.9.0 \
+      hs-connectors==0.9.0
+    python -m pip install -q --disable-pip-version-check openai==3.60.0 loguru==0.7.3 \
+      pydantic-settings==2.16.3
     # SpecForge's data code (template, parser, build_eagle3_dataset, prompt_builder) imports
     # torch, transformers, datasets, pydantic and tqdm only; its other requirements (sglang,
     # flash kernels, trackers) are for training on GPUs.

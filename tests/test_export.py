@@ -195,9 +195,9 @@ def test_speculators_round_trip_datasets_and_pyarrow(run_dir: Path, tmp_path: Pa
     kept = {rid for rid, r in recs.items() if default_kept(r)}
     assert summary.written() == len(kept) > 0
 
-    ds = datasets.load_from_disk(str(out))
+    ds = datasets.load_from_disk(str(out)).with_format(None)  # plain lists, not tensors
     assert len(ds) == len(kept)
-    assert set(ds.column_names) == {"input_ids", "loss_mask", "text", "metadata"}
+    assert set(ds.column_names) == {"input_ids", "loss_mask", "seq_len", "text", "metadata"}
     arrow_rows = read_hf_arrow(out)
     for hf_row, pa_row in zip(ds, arrow_rows, strict=True):
         assert hf_row == pa_row
@@ -205,6 +205,7 @@ def test_speculators_round_trip_datasets_and_pyarrow(run_dir: Path, tmp_path: Pa
         ids, mask = expected_row(rec)
         assert hf_row["input_ids"] == ids
         assert hf_row["loss_mask"] == mask
+        assert hf_row["seq_len"] == len(ids)
         meta = hf_row["metadata"]
         assert meta["dataset"] == rec["dataset"]
         assert meta["finish_reason"] == rec["finish_reason"]

@@ -8,7 +8,9 @@ The layout `datasets.load_from_disk` reads:
 
 and for a DatasetDict, `FOLDER/dataset_dict.json` = {"splits": [...]} with one such folder per
 split. Features are written with the "Sequence" type for lists, which every `datasets` release
-reads (2.x and 3.x natively, 4.x+ as `List`).
+reads (2.x and 3.x natively, 4.x+ as `List`). A folder may name an output format in
+state.json (`torch_columns`): `load_from_disk` then returns those columns as torch tensors, the
+way speculators' `prepare_data` leaves its folders (loading it then needs torch installed).
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ class HFDiskWriter:
     `shard_bytes`. Shard names carry the total count, so they are renamed at close."""
 
     def __init__(self, folder: Path, schema: pa.Schema, split: str | None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, fingerprint_seed: str = "") -> None:
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, fingerprint_seed: str = "",
+                 torch_columns: list[str] | None = None) -> None:
         self.folder = folder
+        self.torch_columns = torch_columns
         self.schema = with_hf_metadata(schema)
         self.split = split
         self.shard_bytes = shard_bytes
@@ -119,10 +123,10 @@ class HFDiskWriter:
         self._write_json("state.json", {
             "_data_files": [{"filename": s.name} for s in shards],
             "_fingerprint": self._fingerprint(),
-            "_format_columns": None,
+            "_format_columns": self.torch_columns,
             "_format_kwargs": {},
-            "_format_type": None,
-            "_output_all_columns": False,
+            "_format_type": "torch" if self.torch_columns else None,
+            "_output_all_columns": bool(self.torch_columns),
             "_split": self.split,
         })
         return shards

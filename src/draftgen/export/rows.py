@@ -97,7 +97,8 @@ def _str(value: Any) -> str | None:
 def speculators_row(row: TrainRow, sampling_meta: dict[str, Any], text: str | None,
                     with_text: bool) -> dict[str, Any]:
     rec = row.record
-    out: dict[str, Any] = {"input_ids": row.input_ids, "loss_mask": row.loss_mask}
+    out: dict[str, Any] = {"input_ids": row.input_ids, "loss_mask": row.loss_mask,
+                           "seq_len": len(row.input_ids)}
     if with_text:
         out["text"] = text
     out["metadata"] = {

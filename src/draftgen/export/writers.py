@@ -2,8 +2,11 @@
 
 Layout of `--out OUT` (SPLIT is "train", plus "validation" with --val-fraction):
 
-* speculators: OUT is a `save_to_disk` folder: a Dataset, or with a split a DatasetDict
-  (OUT/dataset_dict.json, OUT/train/, OUT/validation/). `--jsonl` adds OUT/jsonl/SPLIT.jsonl.
+* speculators: OUT is a `save_to_disk` folder of what speculators' `prepare_data` writes and
+  its trainer's `ArrowDataset` reads (int64 `input_ids`/`loss_mask`, `seq_len`, torch format)
+  plus `token_freq.pt` (answer-token counts, for its draft vocabulary). With a split, each split
+  is such a folder (OUT/train/, OUT/validation/; OUT/dataset_dict.json lets `datasets` read
+  both at once). `--jsonl` adds OUT/jsonl/SPLIT.jsonl (`prepare_data --data` pass-through).
 * specforge: OUT/pretokenized.jsonl, OUT/conversations.jsonl and (with the run's tokenizer)
   OUT/text.jsonl and OUT/round_trip.jsonl, or OUT/SPLIT/… with a split.
 * parquet: OUT/data.parquet, or OUT/train.parquet and OUT/validation.parquet with a split: a
@@ -14,6 +17,8 @@ Layout of `--out OUT` (SPLIT is "train", plus "validation" with --val-fraction):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
+from itertools import compress
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,6 +36,7 @@ from draftgen.export.rows import (
 )
 from draftgen.export.specforge import round_trip, template_for
 from draftgen.formats import Format
+from draftgen.export.torchfile import save_int_dict
 from draftgen.tokenize import Tokenizer
 
 IDS = pa.list_(pa.int32())
@@ -65,8 +71,16 @@ METADATA = pa.struct([
 ])
 
 
+LONG_IDS = pa.list_(pa.int64())
+SPECULATORS_TENSORS = ["input_ids", "loss_mask", "seq_len"]
+"""What speculators' `prepare_data` writes, as it writes them (torch.long), in torch format."""
+TOKEN_FREQ = "token_freq.pt"
+"""speculators' trainer reads DATA_PATH/token_freq.pt to build the draft vocabulary mapping."""
+
+
 def speculators_schema(with_text: bool) -> pa.Schema:
-    fields = [pa.field("input_ids", IDS), pa.field("loss_mask", IDS)]
+    fields = [pa.field("input_ids", LONG_IDS), pa.field("loss_mask", LONG_IDS),
+              pa.field("seq_len", pa.int64())]
     if with_text:
         fields.append(pa.field("text", pa.string()))
     fields.append(pa.field("metadata", METADATA))
@@ -148,9 +162,11 @@ class SpeculatorsSink(Sink):
         schema = speculators_schema(tokenizer is not None)
         self.arrow = {
             s: HFDiskWriter(out / s if self.has_split else out, schema,
-                            s if self.has_split else None, fingerprint_seed=fingerprint_seed)
+                            s if self.has_split else None, fingerprint_seed=fingerprint_seed,
+                            torch_columns=SPECULATORS_TENSORS)
             for s in splits
         }
+        self.answer_tokens: dict[str, Counter[int]] = {s: Counter() for s in splits}
         self.jsonl = {s: JsonlFile(out / "jsonl" / f"{s}.jsonl") for s in splits} if jsonl else {}
 
     def _text(self, row: TrainRow) -> str | None:
@@ -162,9 +178,20 @@ class SpeculatorsSink(Sink):
         self.arrow[split].write(out)
         if split in self.jsonl:
             self.jsonl[split].write(out)
+        counts = self.answer_tokens[split]
+        for r in rows:
+            counts.update(compress(r.input_ids, r.loss_mask))
+
+    def _write_token_freq(self, split: str) -> Path:
+        """Counts of the answer tokens (loss_mask 1), as speculators'
+        `save_token_frequency_distribution` counts them."""
+        path = self.arrow[split].folder / TOKEN_FREQ
+        save_int_dict(path, dict(self.answer_tokens[split]))
+        return path
 
     def close(self) -> list[Path]:
         files = [p for w in self.arrow.values() for p in w.close()]
+        files += [self._write_token_freq(s) for s in self.splits]
         files += [f.close() for f in self.jsonl.values()]
         if self.has_split:
             write_dataset_dict(self.out, self.splits)
