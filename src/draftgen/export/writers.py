@@ -35,8 +35,8 @@ from draftgen.export.rows import (
     speculators_row,
 )
 from draftgen.export.specforge import round_trip, template_for
-from draftgen.formats import Format
 from draftgen.export.torchfile import save_int_dict
+from draftgen.formats import Format
 from draftgen.tokenize import Tokenizer
 
 IDS = pa.list_(pa.int32())
