@@ -264,3 +264,40 @@ def test_kimi_tool_declaration_is_moonshots(case: Case, kimi_tok: Tokenizer) -> 
     assert case.tools is not None
     assert declare_tools(case.tools, typescript=True) == oracles.typescript_tools(
         _deep_sort(case.tools))
+
+
+# ---- check-format's renderer is transformers' ---------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_jinja_renderer_is_transformers(case: Case) -> None:
+    """`ChatTemplate` (what `chat-template` and `draftgen check-format` render a model's own
+    template with) gives transformers' text on the Qwen3, R1 and V3.1 templates."""
+    from draftgen.formats.chat_template import ChatTemplate
+    from draftgen.testing.assets import qwen3_tokenizer_dir
+
+    r1 = ChatTemplate.from_folder(deepseek_r1_tokenizer_dir())
+    assert r1 is not None
+    renderers = [
+        (ChatTemplate.from_folder(qwen3_tokenizer_dir()), oracles.qwen3_hf(), None, {}),
+        (r1, oracles.deepseek_hf(), None, {}),
+        (ChatTemplate(oracles.deepseek_v31_template(), r1.special_tokens),
+         oracles.deepseek_hf(), oracles.deepseek_v31_template(), {"thinking": True}),
+    ]
+    for ours, hf, template, kwargs in renderers:
+        assert ours is not None
+        for gen in (True, False):
+            assert ours.render(case.messages, case.tools, add_generation_prompt=gen,
+                               **kwargs) == oracles.hf_render(
+                hf, case.messages, case.tools, add_generation_prompt=gen,
+                chat_template=template, **kwargs)
+
+
+def test_the_jinja_renderer_defines_documents_as_transformers_does() -> None:
+    from draftgen.formats.chat_template import ChatTemplate
+
+    source = "{% if documents is defined %}documents{% endif %}{{ messages[0].content }}"
+    messages = [{"role": "user", "content": "Hi"}]
+    assert ChatTemplate(source, {}).render(messages, None, add_generation_prompt=True) == (
+        oracles.hf_render(oracles.qwen3_hf(), messages, None, add_generation_prompt=True,
+                          chat_template=source))
