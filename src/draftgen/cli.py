@@ -135,6 +135,16 @@ def _print_plan(plan: Plan) -> None:
                   f"priority {b.priority}", highlight=False)
 
 
+def _warn_if_template_disagrees(fmt: Any) -> None:
+    """A warning on stderr when the format and the model's own chat template render the
+    sample conversations differently (see `draftgen check-format`)."""
+    from draftgen.formats.check import disagreement_warning
+
+    warning = disagreement_warning(fmt)
+    if warning:
+        _stderr().print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+
+
 @app.command(short_help="Generate answers; re-running the same command resumes.")
 def run(
     config: Annotated[Path, typer.Argument(help="run.yaml")],
@@ -198,6 +208,7 @@ def run(
         plan = prepare(cfg, shard=spec)
         if dry_run:
             _print_plan(plan)
+            _warn_if_template_disagrees(plan.fmt)
             if spec is not None:
                 _print_shard(plan, spec)
             return
@@ -315,6 +326,7 @@ def probe(
         cfg = select_backends(load_config(config), backend)
         _check_backend_keys(cfg)
         fmt = load_format(cfg)
+        _warn_if_template_disagrees(fmt)
         results = asyncio.run(probe_until_stopped(cfg, fmt,
                                                   ProbeOptions(max_tokens=max_tokens)))
         note = save_results(cfg, results) if save else None
@@ -335,7 +347,51 @@ def probe(
         raise typer.Exit(1)
 
 
-@app.command(short_help="Stop a running `draftgen run` on RUN_DIR (graceful unless --now).")
+@app.command("check-format",
+             short_help="Compare draftgen's prompts with the model's chat template.")
+def check_format(
+    config: Annotated[Path, typer.Argument(help="run.yaml")],
+    rows: Annotated[int, typer.Option(
+        "--rows", min=0, help="Compare the first N rows of each dataset too.")] = 5,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Render sample conversations and the first rows of each dataset (tools included) with
+    draftgen's model format and with the model's own chat template (the folder
+    `model.tokenizer` points to), and compare the tokens. Shows each difference at its first
+    token, as IDs and text. Exits 1 when any conversation differs. Sends nothing."""
+    from draftgen.config import load_config
+    from draftgen.datasets.prompts import iter_prompts
+    from draftgen.formats import check
+    from draftgen.formats.chat_template import tokenizer_folder
+    from draftgen.probe.command import load_format
+
+    _setup_logging(verbose)
+    try:
+        cfg = load_config(config)
+        fmt = load_format(cfg)
+        template = check.model_template(fmt)
+        if template is None:
+            raise _fail(f"{tokenizer_folder(fmt.tokenizer)} has no chat template "
+                        "(chat_template.jinja or tokenizer_config.json's chat_template)")
+        results = check.compare_samples(fmt, template)
+        for ds in cfg.datasets:
+            results += check.compare_prompts(fmt, template,
+                                             check.first_rows(iter_prompts(ds), rows))
+    except _user_errors() as e:
+        raise _fail(str(e)) from None
+    out = _console(soft_wrap=True)
+    out.print(f"format {fmt.name} vs the chat template in {tokenizer_folder(fmt.tokenizer)}",
+              highlight=False, markup=False)
+    for result in results:
+        for line in check.describe(result):
+            out.print(line, highlight=False, markup=False)
+    differing = sum(not r.identical for r in results)
+    out.print(f"{len(results) - differing} identical, {differing} differing", highlight=False)
+    if differing:
+        raise typer.Exit(1)
+
+
+@app.command(short_help="Stop a running `draftgen run` (graceful unless --now).")
 def stop(
     run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
     now: Annotated[bool, typer.Option(

@@ -322,8 +322,13 @@ class FastTokenizer(Tokenizer):
         a background thread started by `warm_up` or the first encode (HF encodes meanwhile,
         with the same IDs); `wait` waits for it."""
         if self._fast_build is None:
+            # Not a daemon: the interpreter joins it before it shuts down. A daemon thread still
+            # inside fastokens then (its calls release the interpreter lock) is ended by
+            # pthread_exit when it takes the lock back, and the forced unwind through the
+            # extension's frames aborts the process ("FATAL: exception not rethrown", rc 134)
+            # after a command that did its job. The wait is the rest of a build: ~1.5 s at most.
             self._fast_build = threading.Thread(
-                target=self._build_fast_encoder, name="draftgen-fast-encoder", daemon=True)
+                target=self._build_fast_encoder, name="draftgen-fast-encoder", daemon=False)
             self._fast_build.start()
         if wait:
             self._fast_build.join()

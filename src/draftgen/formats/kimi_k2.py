@@ -16,7 +16,8 @@ their reasoning. A tool result is `<|im_system|>NAME<|im_middle|>## Return of ID
 
 - `kimi-k2.5`: the generation prompt is `<|im_assistant|>assistant<|im_middle|><think>`, so
   the answer starts with the reasoning; format option `thinking: false` gives `…<think></think>`
-  (the answer is content only, and history turns drop their reasoning). Tools are declared in
+  (the answer is content only; the turns of the current tool loop still keep their reasoning,
+  as tinker-cookbook's K2.5 renderer does). Tools are declared in
   TypeScript (see `kimi_tools`), as its tokenizer's `apply_chat_template` does.
 - `kimi-k2-thinking`: the generation prompt stops at `<|im_middle|>`; the model writes
   `<think>` itself. Tools are declared as the key-sorted list in compact JSON.
@@ -167,7 +168,7 @@ class _KimiLayout(Format):
             parts.append(f"{IM_SYSTEM}system{IM_MIDDLE}{DEFAULT_SYSTEM}{IM_END}")
         done = _last_plain_assistant(messages)
         for i, m in enumerate(messages):
-            parts.append(self._turn(m, ids, keep_reasoning=i > done and self.thinking))
+            parts.append(self._turn(m, ids, keep_reasoning=i > done))
         return "".join(parts) + f"{IM_ASSISTANT}assistant{IM_MIDDLE}{self._generation_suffix()}"
 
     def _generation_suffix(self) -> str:

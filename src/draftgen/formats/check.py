@@ -1,0 +1,186 @@
+"""`draftgen check-format`: draftgen's prompt rendering against the model's own chat template.
+
+The model folder's template (`chat_template.jinja`, else `tokenizer_config.json`'s) is rendered
+as transformers renders it (`chat_template.ChatTemplate`), with the thinking switch the format
+is set to (`thinking` and `enable_thinking`, the names templates read); both texts are encoded
+with the run's tokenizer and compared token by token. Sample conversations cover the layouts
+a format can get wrong (system prompt, multi-turn history, tools, a tool call and its result);
+the user's dataset rows, tools included, are compared too. A difference is shown at its first
+token, as IDs and as text, so that a user sees it before paying for a run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from draftgen.formats.base import Format, FormatError
+from draftgen.formats.chat_template import ChatTemplate, ChatTemplateFormat, tokenizer_folder
+from draftgen.types import Message, Prompt, Tool
+
+_CONTEXT_TOKENS = 6
+_CONTEXT_CHARS = 60
+
+_WEATHER: Tool = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}
+_CALL = {"id": "functions.get_weather:0", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+SAMPLES: list[tuple[str, list[Message], list[Tool] | None]] = [
+    ("plain", [{"role": "user", "content": "What is 2+2?"}], None),
+    ("system", [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Héllo — 東京?"}], None),
+    ("multi-turn", [{"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello! How can I help?"},
+                    {"role": "user", "content": "Tell me a joke."}], None),
+    ("tools", [{"role": "user", "content": "Weather in Paris?"}], [_WEATHER]),
+    ("tool result", [{"role": "user", "content": "Weather in Paris?"},
+                     {"role": "assistant", "content": "", "tool_calls": [_CALL]},
+                     {"role": "tool", "tool_call_id": _CALL["id"], "name": "get_weather",
+                      "content": "21°C, sunny"}], [_WEATHER]),
+]
+
+
+@dataclass(slots=True)
+class Difference:
+    token: int
+    """Index of the first token that differs."""
+    ours: list[tuple[int, str]]
+    """draftgen's tokens from there (ID, text), a few."""
+    theirs: list[tuple[int, str]]
+    """The model template's tokens from there."""
+    common_text: str
+    """The end of the text both share before the difference."""
+    ours_text: str
+    theirs_text: str
+
+
+@dataclass(slots=True)
+class Comparison:
+    label: str
+    ours_tokens: int = 0
+    theirs_tokens: int = 0
+    difference: Difference | None = None
+    error: str | None = None
+    """Why one side could not render the conversation."""
+
+    @property
+    def identical(self) -> bool:
+        return self.error is None and self.difference is None
+
+
+def model_template(fmt: Format) -> ChatTemplate | None:
+    """The chat template of the folder the format's tokenizer comes from; None if it has none."""
+    return ChatTemplate.from_folder(tokenizer_folder(fmt.tokenizer))
+
+
+def template_kwargs(fmt: Format) -> dict[str, Any]:
+    """The template variables that say what the format is set to."""
+    if isinstance(fmt, ChatTemplateFormat):
+        return dict(fmt.kwargs)
+    thinking = bool(getattr(fmt, "thinking", True))
+    return {"thinking": thinking, "enable_thinking": thinking}
+
+
+def compare(fmt: Format, template: ChatTemplate, label: str, messages: Sequence[Message],
+            tools: Sequence[Tool] | None) -> Comparison:
+    """One conversation's generation prompt, rendered both ways, compared token by token."""
+    out = Comparison(label)
+    try:
+        ours = fmt.prompt_text(messages, tools)
+    except FormatError as e:
+        out.error = f"draftgen cannot render it: {e}"
+        return out
+    try:
+        theirs = template.render(messages, tools, add_generation_prompt=True,
+                                 **template_kwargs(fmt))
+    except FormatError as e:
+        out.error = f"the model's template cannot render it: {e}"
+        return out
+    ours_ids, theirs_ids = fmt.tokenizer.encode_batch([ours, theirs])
+    out.ours_tokens, out.theirs_tokens = len(ours_ids), len(theirs_ids)
+    if ours_ids != theirs_ids:
+        out.difference = first_difference(fmt, ours_ids, theirs_ids)
+    return out
+
+
+def first_difference(fmt: Format, ours: list[int], theirs: list[int]) -> Difference:
+    at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+              min(len(ours), len(theirs)))
+    tok = fmt.tokenizer
+
+    def pieces(ids: list[int]) -> list[tuple[int, str]]:
+        return [(i, tok.decode([i])) for i in ids[at : at + _CONTEXT_TOKENS]]
+
+    return Difference(
+        token=at, ours=pieces(ours), theirs=pieces(theirs),
+        common_text=tok.decode(ours[:at])[-_CONTEXT_CHARS:],
+        ours_text=tok.decode(ours[at:])[:_CONTEXT_CHARS],
+        theirs_text=tok.decode(theirs[at:])[:_CONTEXT_CHARS],
+    )
+
+
+def compare_samples(fmt: Format, template: ChatTemplate) -> list[Comparison]:
+    return [compare(fmt, template, f"sample: {name}", messages, tools)
+            for name, messages, tools in SAMPLES]
+
+
+def compare_prompts(fmt: Format, template: ChatTemplate, prompts: Iterable[Prompt]
+                    ) -> list[Comparison]:
+    return [compare(fmt, template, f"{p.dataset} {p.source or p.id}", p.messages, p.tools)
+            for p in prompts]
+
+
+def first_rows(prompts: Iterable[Prompt], n: int) -> list[Prompt]:
+    return list(itertools.islice(prompts, n))
+
+
+def disagreement_warning(fmt: Format) -> str | None:
+    """A one-line warning when draftgen's format and the model's own template render the sample
+    conversations differently (None when they agree or the folder has no template): what
+    `run --dry-run` and `probe` print, cheaply, before money is spent."""
+    try:
+        template = model_template(fmt)
+    except FormatError as e:
+        return f"the model's chat template cannot be read: {e}"
+    if template is None:
+        return None
+    differing = [c for c in compare_samples(fmt, template) if not c.identical]
+    if not differing:
+        return None
+    first = differing[0]
+    where = first.error or f"first difference at token {first.difference.token}"  # type: ignore[union-attr]
+    return (f"format {fmt.name!r} and the model's own chat template differ on "
+            f"{len(differing)} of {len(SAMPLES)} sample conversations ({first.label}: "
+            f"{where}); run `draftgen check-format CONFIG` to see where")
+
+
+def describe(c: Comparison) -> list[str]:
+    """The report lines of one comparison."""
+    if c.error is not None:
+        return [f"DIFFERS    {c.label}: {c.error}"]
+    if c.difference is None:
+        return [f"identical  {c.label} ({c.ours_tokens} tokens)"]
+    d = c.difference
+    return [
+        f"DIFFERS    {c.label}: first difference at token {d.token} "
+        f"(draftgen {c.ours_tokens} tokens, model template {c.theirs_tokens})",
+        f"    draftgen:       {_tokens(d.ours)}",
+        f"    model template: {_tokens(d.theirs)}",
+        f"    text: …{d.common_text!r} then",
+        f"      draftgen:       {d.ours_text!r}…",
+        f"      model template: {d.theirs_text!r}…",
+    ]
+
+
+def _tokens(pieces: list[tuple[int, str]]) -> str:
+    return " ".join(f"{i}={text!r}" for i, text in pieces) or "(end)"
