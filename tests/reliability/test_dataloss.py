@@ -66,14 +66,16 @@ def _snapshot(*folders: Path) -> dict[Path, bytes]:
     return dict(all_bytes(*folders))
 
 
-def _refused_intact(case: Any, proc: Any, before: dict[Path, bytes], *folders: Path) -> None:
+def _refused_intact(case: Any, proc: Any, before: dict[Path, bytes], *folders: Path,
+                    code: int = 1) -> None:
+    """`code`: export's exit status for a refusal (1), report's (2: a user error)."""
     after = _snapshot(*folders)
     case.runs += 1
     case.lost += sum(1 for p in before if p not in after or after[p] != before[p])
     case.crashed += "Traceback" in proc.stderr
     said = " ".join(proc.stderr.split())
     case.note(f"exit {proc.returncode}: `{said[:220]}`")
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == code, proc.stderr
     assert after == before, "the run's files changed"
     assert "Traceback" not in proc.stderr
 
@@ -165,7 +167,7 @@ def test_report_onto_a_run_folder_is_refused(base: Base, tmp_path: Path, reliabi
     (run_dir / "index.html").write_text("the user's page")
     before = _snapshot(run_dir)
     proc = draftgen("report", str(run_dir), "--out", str(run_dir))
-    _refused_intact(case, proc, before, run_dir)
+    _refused_intact(case, proc, before, run_dir, code=2)
 
 
 # ---- a resume with changed settings -------------------------------------------------------------

@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 
 from draftgen.scale.folders import SHARDS_DIR
-from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash
 from draftgen.store.layout import RunLayout
-from draftgen.store.lock import RunLock, RunLocked, lock_holder
+from draftgen.store.lock import RunLock, RunLocked, lock_holder, open_lock_file
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _FOLDER = re.compile(r"^(\d+)-of-(\d+)$")
@@ -190,11 +189,7 @@ def claim_run_folder(run_root: Path, shard: ShardSpec | None, lock: RunLock) -> 
     cannot both pass it. Shards of one count run side by side, as they are meant to."""
     root = Path(run_root)
     guard = root / LAYOUT_GUARD
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise StoreError(f"{guard}: cannot open: {e.strerror}") from None
+    fd = open_lock_file(guard, "the layout lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         parts = [RunPart(root), *(RunPart(f, shard_of_folder(f)) for f in shard_folders(root))]

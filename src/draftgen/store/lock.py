@@ -20,6 +20,21 @@ class RunLocked(Exception):
     """Another live draftgen process holds the run folder."""
 
 
+def open_lock_file(path: Path, what: str) -> int:
+    """Open (creating it and its folders) a lock file in a run folder. An output_dir that is a
+    file, or lies under one, is named as such instead of as an OS error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except (FileExistsError, NotADirectoryError):
+        in_the_way = next((p for p in (path.parent, *path.parent.parents)
+                           if p.exists() and not p.is_dir()), path.parent)
+        raise StoreError(f"{in_the_way}: a file, not a folder; output_dir must name a "
+                         "folder, or one draftgen can create") from None
+    except OSError as e:
+        raise StoreError(f"{path}: cannot open {what}: {e.strerror}") from None
+
+
 class RunLock:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -27,16 +42,7 @@ class RunLock:
         self.took_over_stale = False
 
     def acquire(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except (FileExistsError, NotADirectoryError):
-            in_the_way = next((p for p in (self.path.parent, *self.path.parent.parents)
-                               if p.exists() and not p.is_dir()), self.path.parent)
-            raise StoreError(f"{in_the_way}: a file, not a folder; output_dir must name a "
-                             "folder, or one draftgen can create") from None
-        except OSError as e:
-            raise StoreError(f"{self.path}: cannot open the run's lock: {e.strerror}") from None
+        fd = open_lock_file(self.path, "the run's lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
