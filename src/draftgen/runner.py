@@ -76,6 +76,7 @@ from draftgen.store.runinfo import (
     read_run_json,
     record_datasets,
     record_session,
+    recover_run_json,
     session_settings,
     session_unsettled_usd,
     start_session,
@@ -468,6 +469,7 @@ class Runner:
         outcome = Outcome("failed", "interrupted")
         started = False
         try:
+            recover_run_json(self.store.layout.run_json)
             tokenizer = {"path": str(self.plan.tokenizer.path),
                          "sha256": self.plan.tokenizer.sha256}
             self.session = start_session(self.store.layout.run_json, self.cfg.redacted(),

@@ -79,6 +79,16 @@ def _read_or_rebuild(path: Path) -> dict[str, Any]:
         return {"rebuilt_from": damaged.name, "sessions": sessions}
 
 
+def recover_run_json(path: Path) -> None:
+    """For the writer, holding the run's lock, before anything reads run.json: a damaged one is
+    set aside and rebuilt now (`_read_or_rebuild`), so that every later read sees the rebuilt
+    file."""
+    try:
+        read_run_json(path)
+    except RunJsonDamaged:
+        write_atomic(path, _read_or_rebuild(path))
+
+
 def _set_aside(path: Path) -> Path:
     """Rename `path` to PATH.damaged-TIME (-2, -3... where taken: nothing is replaced)."""
     stem = f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
