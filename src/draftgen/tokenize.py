@@ -20,7 +20,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -270,8 +270,9 @@ class FastTokenizer(Tokenizer):
         self._fast: FastEncoder | None = None
         self._fast_build: threading.Thread | None = None
 
-    @property
+    @cached_property
     def vocab_size(self) -> int:
+        # Computed once: tokenizers 0.22 builds the whole vocabulary on every call (~50 ms).
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
