@@ -33,7 +33,7 @@ from tests.reliability.helpers import (
     write_jsonl,
 )
 
-SCENARIO = "7. Money"
+SCENARIO = "8. Money"
 PRICE = {"prompt": 1000.0, "completion": 1000.0}
 """USD per million tokens: $0.001 a token, so a few answers spend a small budget."""
 BUDGET = 0.3
