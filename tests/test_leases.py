@@ -301,7 +301,7 @@ def test_four_shard_processes_spend_the_budget_to_within_one_request(
     tmp_path: Path, qwen3_dir: Path
 ) -> None:
     # shard 0 has 3 prompts: it finishes early, and must not keep the slice it took
-    rows = uneven_rows([3, 50, 50, 50])
+    rows = uneven_rows([3, 100, 100, 100])  # no shard alone finishes within the budget
     budget = 0.02  # ~50 answers of ~$0.0004; one request's worst case ~$0.0008
     with TestServer(latency_s=0.05, **SERVER) as server:
         config = sharded_config(tmp_path, qwen3_dir, server.url, rows, budget_usd=budget,
