@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
+
+from draftgen.testing.server import TestServer
+from tests.e2e_helpers import fast_backend, run_config, write_config
 
 DRAFTGEN = [sys.executable, "-m", "draftgen"]
 JSONL_FILES = ("responses.jsonl", "failures.jsonl", "index.jsonl")
@@ -223,3 +227,28 @@ def all_bytes(*folders: Path) -> Iterator[tuple[Path, bytes]]:
             if p.is_file():
                 with contextlib.suppress(OSError):
                     yield p, p.read_bytes()
+
+
+@dataclass
+class Base:
+    """A run folder answered in full by a test server that is still up."""
+    server: TestServer
+    root: Path
+    data: Path
+    run_dir: Path
+    cfg: dict[str, Any]
+
+
+@contextlib.contextmanager
+def completed_run(root: Path, qwen3_dir: Path, rows: Sequence[dict[str, Any]], *,
+                  latency_s: float, tokens: tuple[int, int], max_tokens: int) -> Iterator[Base]:
+    """`rows` answered by a local SGLang-style test server (reasoning and content each of
+    `tokens` tokens) into ROOT/run; the server stays up while the context is open."""
+    data = write_jsonl(root / "d.jsonl", rows)
+    with TestServer(latency_s=latency_s, reasoning_tokens=tokens, content_tokens=tokens
+                    ) as server:
+        path = write_config(root, qwen3_dir, backends=[
+            fast_backend("local", "sglang", server.url, concurrency=8)],
+            datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": max_tokens})
+        assert run_config(path).status == "completed"
+        yield Base(server, root, data, root / "run", yaml.safe_load(path.read_text()))

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,12 @@ import orjson
 import pytest
 import yaml
 
-from draftgen.testing.server import TestServer
-from tests.e2e_helpers import fast_backend, run_config, write_config
 from tests.reliability.helpers import (
     DRAFTGEN,
+    Base,
     ServerProcess,
     check_folder,
+    completed_run,
     draftgen,
     merge_config,
     no_probe,
@@ -40,26 +39,12 @@ SCENARIO = "3. Bad input"
 GOOD = 20
 
 
-@dataclass
-class Base:
-    server: TestServer
-    root: Path
-    data: Path
-    run_dir: Path
-    cfg: dict[str, Any]
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, qwen3_dir: Path) -> Iterator[Base]:
     """A run folder holding GOOD answers from a good run."""
-    root = tmp_path_factory.mktemp("bad_input")
-    data = write_jsonl(root / "d.jsonl", prompt_rows(GOOD, "g"))
-    with TestServer(latency_s=0.01, reasoning_tokens=(5, 20), content_tokens=(5, 20)) as server:
-        path = write_config(root, qwen3_dir, backends=[
-            fast_backend("local", "sglang", server.url, concurrency=8)],
-            datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": 64})
-        assert run_config(path).status == "completed"
-        yield Base(server, root, data, root / "run", yaml.safe_load(path.read_text()))
+    with completed_run(tmp_path_factory.mktemp("bad_input"), qwen3_dir, prompt_rows(GOOD, "g"),
+                       latency_s=0.01, tokens=(5, 20), max_tokens=64) as base:
+        yield base
 
 
 def _bad_run(base: Base, tmp_path: Path, *, extra_lines: list[bytes] = (), new_rows: int = 3,

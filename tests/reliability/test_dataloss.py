@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,11 @@ import yaml
 
 from draftgen.audit.run import audit_run
 from draftgen.testing.server import TestServer
-from tests.e2e_helpers import fast_backend, run_config, write_config
+from tests.e2e_helpers import fast_backend
 from tests.reliability.helpers import (
+    Base,
     all_bytes,
+    completed_run,
     draftgen,
     merge_config,
     no_probe,
@@ -32,25 +33,12 @@ SCENARIO = "7. Data loss"
 ANSWERS = 12
 
 
-@dataclass
-class Base:
-    server: TestServer
-    root: Path
-    run_dir: Path
-    cfg: dict[str, Any]
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, qwen3_dir: Path) -> Iterator[Base]:
     """A run folder holding ANSWERS answers."""
-    root = tmp_path_factory.mktemp("dataloss")
-    data = write_jsonl(root / "d.jsonl", prompt_rows(ANSWERS, "g"))
-    with TestServer(latency_s=0.0, reasoning_tokens=(3, 10), content_tokens=(3, 10)) as server:
-        path = write_config(root, qwen3_dir, backends=[
-            fast_backend("local", "sglang", server.url, concurrency=8)],
-            datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": 48})
-        assert run_config(path).status == "completed"
-        yield Base(server, root, root / "run", yaml.safe_load(path.read_text()))
+    with completed_run(tmp_path_factory.mktemp("dataloss"), qwen3_dir, prompt_rows(ANSWERS, "g"),
+                       latency_s=0.0, tokens=(3, 10), max_tokens=48) as base:
+        yield base
 
 
 def _copy_run(base: Base, dest: Path) -> Path:
