@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from draftgen.assets import resolve_builtin
+from draftgen.errors import DraftgenError
 from draftgen.redact import REDACTED, keep_secret, redact_value
 from draftgen.scale.folders import SHARDS_DIR
 
@@ -37,7 +38,7 @@ def _refuse_managed_keys(extra: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
-class ConfigError(Exception):
+class ConfigError(DraftgenError):
     """A config that cannot be used; the message names the file and the key."""
 
 

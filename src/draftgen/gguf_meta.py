@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from draftgen.errors import DraftgenError
+
 _SCALARS: dict[int, str] = {
     0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d",
 }
@@ -23,7 +25,7 @@ _STRING = 8
 _ARRAY = 9
 
 
-class GGUFError(Exception):
+class GGUFError(DraftgenError):
     """Not a GGUF file, or one this reader cannot parse."""
 
 

@@ -19,17 +19,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from draftgen.backends import Backend
+from draftgen.errors import DraftgenError
 from draftgen.types import BackendError, Prompt, RawAnswer
 
 log = logging.getLogger("draftgen.scheduler")
 PAUSE_LOG_INTERVAL_S = 60.0
 
 
-class NoBackendLeft(Exception):
+class NoBackendLeft(DraftgenError):
     """Every backend was taken out of the run (bad key, out of credits, ...)."""
 
 
-class NoBackendFits(Exception):
+class NoBackendFits(DraftgenError):
     """No backend left in the run may be sent a prompt with these needs (the probe found
     every one that is left unsafe for prompts with tools)."""
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from draftgen.errors import DraftgenError
 from draftgen.scale.shards import RunPart, ShardSpec, is_sharded, run_parts
 from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash, str_code, union_of_sorted
@@ -36,7 +37,7 @@ WINDOW_S = 300.0
 FINISHED_CUT = "length"
 
 
-class StatusError(Exception):
+class StatusError(DraftgenError):
     """The folder cannot be read as a run."""
 
 

@@ -26,13 +26,14 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from draftgen.errors import DraftgenError
 from draftgen.tokenize_fast import FastEncoder
 from draftgen.tokenize_fastokens import fastokens_encoder
 from draftgen.tokenize_tiktoken import tiktoken_encoder
 from draftgen.types import LogprobToken, LogprobTokens, SentBytes
 
 
-class TokenizerError(Exception):
+class TokenizerError(DraftgenError):
     """The tokenizer cannot be loaded or fails its self-check."""
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, overload
 
+from draftgen.errors import DraftgenError
 from draftgen.redact import redact
 
 Message = dict[str, Any]
@@ -245,7 +246,7 @@ class RawAnswer:
     """Raw decoded text when the backend returns text rather than reasoning/content (SGLang)."""
 
 
-class BackendError(Exception):
+class BackendError(DraftgenError):
     """A failed backend call. `retryable` errors are retried with back-off by the scheduler.
 
     `kind` is a short stable label used in failures.jsonl and status (e.g. "rate_limited",

@@ -27,6 +27,7 @@ import orjson
 
 from draftgen.audit.engine import problems_of
 from draftgen.audit.report import AuditReport, DatasetAudit
+from draftgen.errors import DraftgenError
 from draftgen.store.appender import StoreError
 from draftgen.store.index import IndexEntry, read_index, rewrite_index
 from draftgen.store.layout import RunLayout
@@ -36,7 +37,7 @@ from draftgen.store.resume import cut_torn_tail
 _COPY = 1 << 22
 
 
-class QuarantineError(Exception):
+class QuarantineError(DraftgenError):
     """Quarantine refused (a live run, files changed since the audit); nothing was moved."""
 
 

@@ -38,6 +38,7 @@ from draftgen.audit.engine import (
 )
 from draftgen.audit.engine import run_chunk as _run_chunk
 from draftgen.audit.report import AuditReport, DatasetAudit
+from draftgen.errors import DraftgenError
 from draftgen.formats import FormatError
 from draftgen.scale.shards import RunPart, is_sharded, live_parts, run_parts
 from draftgen.status import StatusError, open_layout
@@ -52,7 +53,7 @@ CHUNK_RECORDS = 256
 Progress = Callable[[int, int], None]
 
 
-class AuditError(Exception):
+class AuditError(DraftgenError):
     """The run cannot be audited (not a run, no tokenizer, unknown format)."""
 
 

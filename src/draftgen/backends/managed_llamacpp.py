@@ -50,6 +50,7 @@ import aiohttp
 
 from draftgen.assets import llama_server_binary
 from draftgen.config import BackendConfig
+from draftgen.errors import DraftgenError
 from draftgen.gguf_meta import GGUFError, read_gguf_metadata
 
 log = logging.getLogger("draftgen")
@@ -62,7 +63,7 @@ _THREAD_FLAGS = {"-t", "--threads"}
 _BIND_ERRORS = ("couldn't bind", "address already in use", "failed to bind")
 
 
-class ManagedServerError(Exception):
+class ManagedServerError(DraftgenError):
     """A managed llama-server did not start (the message carries its log's tail)."""
 
 

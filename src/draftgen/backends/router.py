@@ -62,6 +62,7 @@ import aiohttp
 import orjson
 
 from draftgen.config import BackendConfig, FleetConfig
+from draftgen.errors import DraftgenError
 
 log = logging.getLogger("draftgen")
 
@@ -70,7 +71,7 @@ PROGRESS_EVERY_S = 5.0
 _PROBE_TIMEOUT_S = 5.0
 
 
-class BackendNotReady(Exception):
+class BackendNotReady(DraftgenError):
     """A backend's endpoint did not become ready at start (the message names it and its URL)."""
 
 

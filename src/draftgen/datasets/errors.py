@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftgen.errors import DraftgenError
 
-class DatasetError(Exception):
+
+class DatasetError(DraftgenError):
     """A dataset that cannot be read at all: missing or unreadable file, unknown format,
     unreachable hub. The message names the path."""
 
 
-class BadRowError(Exception):
+class BadRowError(DraftgenError):
     """One row that cannot become a prompt; `reason` says what is wrong with it."""
 
     def __init__(self, reason: str) -> None:

@@ -25,12 +25,13 @@ import numpy as np
 
 from draftgen.audit.checks import CUT_OFF, FINISHED, TokenSpec, stop_token_problems
 from draftgen.audit.checks import claim_problems as _claim_problems
+from draftgen.errors import DraftgenError
 
 __all__ = ["CUT_OFF", "FINISHED", "BrokenRow", "audit_problems", "mask_problem",
            "structure_problem"]
 
 
-class BrokenRow(Exception):
+class BrokenRow(DraftgenError):
     """A row that must not be written; the message names the record."""
 
 

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from draftgen.errors import DraftgenError
 
-class ExportError(Exception):
+
+class ExportError(DraftgenError):
     """The export cannot be done as asked; nothing was written to --out."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from draftgen.errors import DraftgenError
 from draftgen.formats import Format, FormatError, get_format
 from draftgen.scale.shards import RunPart, is_sharded, live_parts, run_parts, seen_earlier
 from draftgen.store.columns import id_hash
@@ -33,7 +34,7 @@ log = logging.getLogger("draftgen.export")
 Record = dict[str, Any]
 
 
-class SourceError(Exception):
+class SourceError(DraftgenError):
     """The run folder cannot be read as one."""
 
 

@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from draftgen.errors import DraftgenError
 from draftgen.export.rows import answer_message
 from draftgen.formats import Format, FormatError
 from draftgen.tokenize import Tokenizer
@@ -152,7 +153,7 @@ scripts/prepare_hidden_states.py) with ARGS. --pretokenized FILE: SpecForge's
 build_eagle3_dataset returns FILE's rows (exact IDs and loss masks) instead of re-tokenizing."""
 
 
-class LauncherError(Exception):
+class LauncherError(DraftgenError):
     """Bad launcher arguments or a pre-tokenized file that does not fit the script's data."""
 
 

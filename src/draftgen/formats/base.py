@@ -14,13 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from draftgen.errors import DraftgenError
 from draftgen.tokenize import Tokenizer, last_logprob_id, logprob_ids
 from draftgen.types import Message, Prompt, RawAnswer, Rebuilt, TokenCheck, Tool
 
 _REGISTRY: dict[str, type[Format]] = {}
 
 
-class FormatError(Exception):
+class FormatError(DraftgenError):
     """A format cannot be used with this tokenizer or this input."""
 
 

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftgen.errors import DraftgenError
 from draftgen.formats.common import deep_sort, tojson
 
 INDENT = "  "
@@ -59,7 +60,7 @@ _UNION_NAMES = {
 }
 
 
-class SchemaError(ValueError):
+class SchemaError(DraftgenError, ValueError):
     """A schema the TypeScript encoder does not take (the tokenizer then falls back to JSON)."""
 
 

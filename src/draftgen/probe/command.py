@@ -12,6 +12,7 @@ from pathlib import Path
 from draftgen.backends import Backend, make_backend
 from draftgen.backends.managed_llamacpp import ManagedServers
 from draftgen.config import ConfigError, RunConfig
+from draftgen.errors import DraftgenError
 from draftgen.formats import Format, get_format
 from draftgen.probe.core import ProbeOptions, probe_all
 from draftgen.probe.model import BackendProbe
@@ -56,7 +57,7 @@ async def probe_config(cfg: RunConfig, fmt: Format, opts: ProbeOptions) -> list[
                 await b.close()
 
 
-class ProbeStopped(Exception):
+class ProbeStopped(DraftgenError):
     """SIGINT or SIGTERM arrived while probing: the probe was cancelled, nothing recorded."""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftgen.errors import DraftgenError
 from draftgen.export.source import SourceError, open_run
 from draftgen.report.collect import RunStats, collect
 from draftgen.scale.shards import is_run_folder
@@ -17,7 +18,7 @@ from draftgen.store.layout import FAILURES, RESPONSES
 __all__ = ["ReportError", "ReportResult", "RunStats", "collect", "default_out", "write_report"]
 
 
-class ReportError(Exception):
+class ReportError(DraftgenError):
     pass
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from draftgen.errors import DraftgenError
 from draftgen.scale.folders import SHARDS_DIR
 from draftgen.store.columns import id_hash
 from draftgen.store.layout import RunLayout
@@ -29,7 +30,7 @@ LAYOUT_GUARD = "layout.lock"
 """In output_dir: held while a run checks the layouts live there and takes its folder's lock."""
 
 
-class ShardError(ValueError):
+class ShardError(DraftgenError, ValueError):
     """A malformed shard spec or an inconsistent set of shard folders."""
 
 

@@ -17,8 +17,10 @@ from typing import Any
 
 import orjson
 
+from draftgen.errors import DraftgenError
 
-class StoreError(Exception):
+
+class StoreError(DraftgenError):
     """The run folder cannot be written (disk full, permissions). Nothing written is lost."""
 
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import orjson
 
+from draftgen.errors import DraftgenError
 from draftgen.store.appender import StoreError
 
 
-class RunLocked(Exception):
+class RunLocked(DraftgenError):
     """Another live draftgen process holds the run folder."""
 
 
