@@ -14,9 +14,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from draftgen.assets import find_smollm2_gguf
 from draftgen.formats import FormatError, get_format
 from draftgen.formats.chatml import SMOLLM2_SYSTEM
-from draftgen.gguf_meta import read_gguf_metadata
-from draftgen.tokenize import Tokenizer
-from draftgen.tokenize_gguf import load_gguf_tokenizer
+from draftgen.tokenize import Tokenizer, load_gguf_tokenizer, read_gguf_metadata
 from draftgen.types import Message, RawAnswer, Usage
 
 GGUF = find_smollm2_gguf()

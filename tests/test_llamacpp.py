@@ -43,8 +43,7 @@ from draftgen.backends.managed_llamacpp import (
 )
 from draftgen.config import BackendConfig, ConfigError, ModelConfig, SamplingConfig
 from draftgen.formats import Format, get_format
-from draftgen.tokenize import Tokenizer
-from draftgen.tokenize_gguf import load_gguf_tokenizer
+from draftgen.tokenize import Tokenizer, load_gguf_tokenizer
 from draftgen.types import BackendError, Prompt
 from tests.engine import engine_missing, engine_required
 

@@ -13,8 +13,7 @@ import pytest
 
 from draftgen.assets import find_smollm2_gguf
 from draftgen.formats import get_format
-from draftgen.tokenize import Tokenizer, ids_from_logprobs
-from draftgen.tokenize_gguf import load_gguf_tokenizer
+from draftgen.tokenize import Tokenizer, ids_from_logprobs, load_gguf_tokenizer
 from draftgen.types import LogprobToken, RawAnswer, Usage
 
 GGUF = find_smollm2_gguf()

@@ -16,12 +16,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from draftgen import tokenize_fast
 from draftgen.testing.assets import deepseek_r1_tokenizer_dir, qwen3_tokenizer_dir
 from draftgen.tokenize import FastTokenizer, Tokenizer, load_tokenizer
-from draftgen.tokenize_fast import FastEncoder
-from draftgen.tokenize_fastokens import FastokensEncoder, fastokens_encoder
-from draftgen.tokenize_tiktoken import TiktokenEncoder
+from draftgen.tokenize import fast as tokenize_fast
+from draftgen.tokenize.fast import FastEncoder
+from draftgen.tokenize.fastokens import FastokensEncoder, fastokens_encoder
+from draftgen.tokenize.tiktoken import TiktokenEncoder
 
 CASES = {
     "fastokens-qwen3": (qwen3_tokenizer_dir, FastokensEncoder, {}),

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from draftgen import tokenize_fast
 from draftgen.testing.assets import deepseek_r1_tokenizer_dir, family_tokenizer
 from draftgen.tokenize import FastTokenizer, Tokenizer, load_tokenizer
-from draftgen.tokenize_tiktoken import TiktokenEncoder, tiktoken_encoder
+from draftgen.tokenize import fast as tokenize_fast
+from draftgen.tokenize.tiktoken import TiktokenEncoder, tiktoken_encoder
 
 
 @pytest.fixture(autouse=True)

@@ -51,7 +51,7 @@ import aiohttp
 from draftgen.assets import llama_server_binary
 from draftgen.config import BackendConfig
 from draftgen.errors import DraftgenError
-from draftgen.gguf_meta import GGUFError, read_gguf_metadata
+from draftgen.tokenize import GGUFError, read_gguf_metadata
 
 log = logging.getLogger("draftgen")
 

@@ -5,7 +5,7 @@ tenth of tiktoken's CPU (bench/tokenization.py).
 regexes, BPE model, added tokens), so it takes tokenizers tiktoken cannot reproduce (DeepSeek's
 three Split regexes) as well as the plain byte-level BPE ones. It is used where it gives HF's
 IDs: the file's normalizer is none or NFC, the build loads it, and the sample texts and every
-added token encode to HF's IDs (`tokenize_fast.same_ids_on_samples`). Per text, `takes` keeps
+added token encode to HF's IDs (`fast.same_ids_on_samples`). Per text, `takes` keeps
 on HF anything beyond ASCII that has a code point Python's Unicode tables do not assign (PCRE2's
 and Oniguruma's character classes come from their own tables), and, with NFC, any text not NFC
 already. The tests check the equality on every code point in several contexts and on random
@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 from tokenizers import Tokenizer as HFTokenizer
 
-from draftgen.tokenize_fast import FastEncoder, Reference, built_once, same_ids_on_samples
+from draftgen.tokenize.fast import FastEncoder, Reference, built_once, same_ids_on_samples
 
 log = logging.getLogger(__name__)
 

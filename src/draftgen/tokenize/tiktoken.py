@@ -1,6 +1,6 @@
 """A byte-level BPE `tokenizer.json` encoded through `tiktoken`: the same IDs as HF
 `tokenizers`, for about a fifth of the CPU (bench/tokenization.py). The second choice, where
-`fastokens` (`tokenize_fastokens`, ~10x faster still) is not installed or refuses the file.
+`fastokens` (`draftgen.tokenize.fastokens`, ~10x faster still) is not installed or refuses the file.
 
 Reconstruction encodes every answer (~380 tokens each with reasoning): at ~1.1 µs of CPU per
 token, HF `tokenizers` was the largest single cost of a run without logprobs. `tiktoken`'s BPE
@@ -19,8 +19,8 @@ the same IDs, provided that:
 
 Any of these failing leaves the tokenizer on HF `tokenizers` (`tiktoken_encoder` gives None and
 logs why at DEBUG). Per text, `takes` keeps HF for what normalization could change
-(`tokenize_fast`). The tests check the equality on every code point in several contexts and on
-random texts (tests/test_tokenize_fast.py). `DRAFTGEN_TIKTOKEN=0` turns it off.
+(`draftgen.tokenize.fast`). The tests check the equality on every code point in several
+contexts and on random texts (tests/test_tokenize_fast.py). `DRAFTGEN_TIKTOKEN=0` turns it off.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 from tokenizers import Tokenizer as HFTokenizer
 
-from draftgen.tokenize_fast import FastEncoder, Reference, built_once, same_ids_on_samples
+from draftgen.tokenize.fast import FastEncoder, Reference, built_once, same_ids_on_samples
 
 log = logging.getLogger(__name__)
 

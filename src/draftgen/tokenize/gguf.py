@@ -20,8 +20,9 @@ from pathlib import Path
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from draftgen.gguf_meta import GGUFError, read_gguf_metadata
-from draftgen.tokenize import FastTokenizer, Tokenizer, TokenizerError
+from draftgen.tokenize.base import Tokenizer, TokenizerError
+from draftgen.tokenize.gguf_meta import GGUFError, read_gguf_metadata
+from draftgen.tokenize.hf import FastTokenizer
 
 _KEYS = (
     "tokenizer.ggml.model",
@@ -102,7 +103,7 @@ def is_gguf(path: str | Path) -> bool:
 
 
 def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
-    """A `draftgen.tokenize.FastTokenizer` over the GGUF's vocabulary. `.path` is the GGUF file
+    """A `FastTokenizer` over the GGUF's vocabulary. `.path` is the GGUF file
     and `.sha256` its hash (the whole file, so the record names the exact model)."""
     file = Path(path).expanduser()
     if not file.is_file():

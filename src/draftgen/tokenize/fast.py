@@ -1,7 +1,7 @@
 """What the fast encoders share: each gives HF `tokenizers`' IDs for the texts it `takes`, or is
 not used.
 
-A fast encoder (`tokenize_fastokens`, `tokenize_tiktoken`) is built once per tokenizer file and
+A fast encoder (`fastokens`, `tiktoken` in this package) is built once per tokenizer file and
 process, and only kept when a sample of awkward texts (every script, digits, whitespace runs,
 contractions, added tokens) encodes to HF's IDs through it. Per text, `takes` keeps on HF what
 the two could read differently: with the NFC normalizer, a text must be NFC already (by Python's
