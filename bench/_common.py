@@ -4,7 +4,7 @@ runs of any size: `status_audit.generate`, used by status_audit.py and resume_re
 
 Run as a script, this module is the test-server launcher the benchmarks start::
 
-    python bench/_common.py serve [--cache-size N] [draftgen.testing.server options]
+    python bench/_common.py serve [--cache-size N] [draftgen.testing.fake_engine options]
 
 (the server's own CLI, plus the size of its answer cache, so that a warm-up pass can leave every
 answer of a benchmark cached and the server spends as little CPU as it can beside the client).
@@ -103,18 +103,18 @@ def serving(args: Sequence[str], cache_size: int | None = None) -> Iterator[Serv
 def _serve(argv: list[str]) -> int:
     import asyncio
 
-    from draftgen.testing import server
+    from draftgen.testing import fake_engine
 
     cache_size = None
     if "--cache-size" in argv:
         i = argv.index("--cache-size")
         cache_size = int(argv[i + 1])
         del argv[i : i + 2]
-    config = server.config_from_args(argv)
+    config = fake_engine.config_from_args(argv)
     if cache_size:
         config.cache_size = cache_size
     threading.Thread(target=_freeze_survivors, daemon=True).start()
-    asyncio.run(server._serve_until_signal(config))
+    asyncio.run(fake_engine.serve_until_signal(config))
     return 0
 
 

@@ -43,7 +43,7 @@ from draftgen.store.index import IndexEntry, entry_for, read_index
 from draftgen.store.journal import OpenTracker
 from draftgen.store.layout import RunLayout
 from draftgen.testing.assets import qwen3_tokenizer_dir
-from draftgen.testing.server import TOOL_ARGUMENTS, TOOL_NAME, fake_text
+from draftgen.testing.fake_engine import TOOL_ARGUMENTS, TOOL_NAME, fake_text
 from draftgen.tokenize import load_tokenizer
 
 WEATHER = {"type": "function", "function": {

@@ -41,7 +41,7 @@ def main() -> int:
 
     from draftgen.formats import get_format
     from draftgen.testing.assets import qwen3_tokenizer_dir
-    from draftgen.testing.server import fake_text
+    from draftgen.testing.fake_engine import fake_text
     from draftgen.tokenize import load_tokenizer
     from draftgen.types import RawAnswer, Usage
 

@@ -32,7 +32,7 @@ from draftgen.status import collect_status
 from draftgen.store import RunLayout, RunLock, Store
 from draftgen.store.index import read_index
 from draftgen.testing.assets import family_tokenizer
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
 from tests.e2e_helpers import (
     fast_backend,

@@ -158,7 +158,7 @@ def test_the_first_request_waits_for_the_fast_encoder(
     first request goes out once it is ready: every answer then goes through it."""
     import time
 
-    from draftgen.testing.server import ServerStats, TestServer
+    from draftgen.testing.fake_engine import ServerStats, TestServer
     from tests.e2e_helpers import fast_backend, read_records, run_config, write_config, write_jsonl
 
     built_at: list[float] = []

@@ -36,7 +36,7 @@ from draftgen.backends.managed_llamacpp import ManagedLlamaServer, free_port, ta
 from draftgen.backends.router import healthy_workers, server_root
 from draftgen.config import BackendConfig, FleetConfig
 from draftgen.runner import Outcome
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import (
     fast_backend,
     read_records,

@@ -26,7 +26,7 @@ from draftgen.scale.leases import (
     tokens_key,
 )
 from draftgen.scale.shards import ShardSpec, run_folders
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_records, write_config
 from tests.shard_helpers import (
     SERVER,

@@ -27,7 +27,7 @@ from draftgen.scale.leases import USD, FilePool
 from draftgen.scale.local import share_concurrency
 from draftgen.scale.shards import ShardSpec, live_parts, run_parts, shard_of
 from draftgen.status import collect_status
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, wait_for_lines, write_config, write_jsonl
 from tests.shard_helpers import (
     SERVER,

@@ -22,7 +22,7 @@ from draftgen.backends.openai_chat import (
 )
 from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
 from draftgen.formats import get_format
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
 from draftgen.types import (
     BackendError,

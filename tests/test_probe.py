@@ -23,7 +23,7 @@ from draftgen.probe.exchange import WEATHER_TOOL, Exchange, probe_requests
 from draftgen.probe.model import AnswerReport
 from draftgen.probe.show import row, to_json
 from draftgen.probe.verdict import judge
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
 from draftgen.types import RawAnswer, Usage
 from tests.e2e_helpers import (

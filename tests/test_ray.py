@@ -16,7 +16,7 @@ from draftgen.probe import ProbeOptions
 from draftgen.scale.leases import USD, FilePool
 from draftgen.store.lock import lock_holder
 from draftgen.store.runinfo import read_probe
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import wait_for_lines
 from tests.shard_helpers import (
     SERVER,

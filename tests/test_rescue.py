@@ -16,7 +16,7 @@ from draftgen.runner import Outcome
 from draftgen.status import collect_status
 from draftgen.store import RunLayout, Store, StoreError
 from draftgen.store.rescue import RESCUE, outside_folder, read_rescued, write_rescue
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_records, run_config, write_config, write_jsonl
 from tests.reliability.helpers import prompt_rows
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from draftgen.formats import get_format
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
 from tests.e2e_helpers import (
     fast_backend,

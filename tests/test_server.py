@@ -1,4 +1,4 @@
-"""The fake engine in draftgen.testing.server: wire shapes, token exactness, faults, auth."""
+"""The fake engine (draftgen.testing.fake_engine): wire shapes, token exactness, faults, auth."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 import pytest
 
-from draftgen.testing.server import ERRORS, FAULT_KINDS, ServerConfig, TestServer
+from draftgen.testing.fake_engine import ERRORS, FAULT_KINDS, ServerConfig, TestServer
 from draftgen.tokenize import Tokenizer
 
 IM_END = 151645
@@ -575,7 +575,7 @@ def test_command_line_server() -> None:
     env = {**os.environ, "TEST_SERVER_KEY": API_KEY}
     args = ["--port", "0", "--mode", "openrouter", "--prices", "0.5,2.5", "--latency", "0"]
     args += ["--fault-rate", "429=0", "--api-key-env", "TEST_SERVER_KEY", "--seed", "3"]
-    command = [sys.executable, "-m", "draftgen.testing.server", *args]
+    command = [sys.executable, "-m", "draftgen.testing.fake_engine", *args]
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) as proc:
         try:
             assert proc.stdout is not None

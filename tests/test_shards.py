@@ -41,7 +41,7 @@ from draftgen.scale.shards import (
 )
 from draftgen.status import collect_status
 from draftgen.store import RunLayout, RunLock
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
 from tests.e2e_helpers import (
     fast_backend,

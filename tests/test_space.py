@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftgen.store.space import SpaceGuard
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_records, run_config, write_config
 from tests.reliability.helpers import prompt_rows, write_jsonl
 

@@ -32,7 +32,7 @@ import pytest
 
 from draftgen.export import ExportFormat, ExportOptions, export_run
 from draftgen.export.specforge import TEMPLATES, register_templates
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import (
     WEATHER_TOOL,
     fast_backend,

@@ -22,7 +22,7 @@ from draftgen.store.columns import ROW, id_hash, read_rows
 from draftgen.store.fast_index import load_index_columns
 from draftgen.store.index import read_index
 from draftgen.store.journal import read_journal
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import (
     fast_backend,
     mixed_rows,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from draftgen.export import ExportFormat, ExportOptions, MinCheck, export_run
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, mixed_rows, read_records, run_config, write_config
 from tests.e2e_helpers import write_jsonl as write_rows
 

@@ -19,7 +19,7 @@ import pytest
 from draftgen.status import collect_status
 from draftgen.store import Store
 from draftgen.store.journal import read_journal
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_records, run_config, write_config, write_jsonl
 from tests.reliability.helpers import no_probe, prompt_rows
 

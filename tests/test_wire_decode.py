@@ -23,7 +23,7 @@ from draftgen.backends.openai_chat import (
     answer_from_body,
     answer_from_json,
 )
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import (
     Tokenizer,
     TokenSpellings,

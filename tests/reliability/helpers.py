@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import yaml
 
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
 
 DRAFTGEN = [sys.executable, "-m", "draftgen"]
@@ -30,8 +30,8 @@ JSONL_FILES = ("responses.jsonl", "failures.jsonl", "index.jsonl")
 
 
 class ServerProcess:
-    """`python -m draftgen.testing.server` in its own process (so that the run under test and
-    the server do not share a GIL, and a kill of one leaves the other alone)."""
+    """`python -m draftgen.testing.fake_engine` in its own process (so that the run under test
+    and the server do not share a GIL, and a kill of one leaves the other alone)."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.args = list(args)
@@ -41,7 +41,7 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "draftgen.testing.server", "--port", "0", *self.args],
+            [sys.executable, "-m", "draftgen.testing.fake_engine", "--port", "0", *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, **(self.env or {})})
         assert self.proc.stdout is not None

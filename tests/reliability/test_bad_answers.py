@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from draftgen.testing.server import BAD_TOOL_CALLS
+from draftgen.testing.fake_engine import BAD_TOOL_CALLS
 from tests.e2e_helpers import fast_backend, write_config
 from tests.reliability.helpers import (
     ServerProcess,

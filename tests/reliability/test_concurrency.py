@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, write_config
 from tests.reliability.helpers import (
     check_folder,

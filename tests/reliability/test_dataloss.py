@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from draftgen.audit.run import audit_run
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend
 from tests.reliability.helpers import (
     Base,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from draftgen.status import collect_status
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, write_config
 from tests.reliability.helpers import (
     DRAFTGEN,

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from draftgen.testing.server import BAD_TOOL_CALLS, FAULT_KINDS, TestServer
+from draftgen.testing.fake_engine import BAD_TOOL_CALLS, FAULT_KINDS, TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
 from tests.reliability.helpers import (
     ServerProcess,

@@ -21,7 +21,7 @@ from draftgen.runner import Runner, prepare
 from draftgen.scale.shards import ShardSpec
 from draftgen.status import collect_status
 from draftgen.store import RunLocked
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_failures, read_records, run_config, write_config
 from tests.reliability.helpers import (
     check_folder,

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from draftgen.probe.exchange import WEATHER_TOOL
-from draftgen.testing.server import TestServer
+from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, write_config
 from tests.reliability.helpers import check_folder, draftgen, prompt_rows, write_jsonl
 
