@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from draftgen.config import ConfigError, DatasetConfig, SamplingChoice, load_config
+from draftgen.datasets.cache import cache_key
 from draftgen.datasets.sampling_mix import choose, sampling_for, unit_draw
 
 EFFORTS = [SamplingChoice(weight=4, reasoning_effort="low"),
@@ -105,3 +106,13 @@ def test_the_config_refuses_an_unknown_turns_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"datasets\.0\.turns: Input should be 'first', "
                                           r"'last' or 'all'"):
         load_config(write(tmp_path, {"turns": "every"}))
+
+
+def test_the_mix_is_not_a_prompt_option(tmp_path: Path) -> None:
+    """Changing the mix keeps the prompt cache, and a config without one has the key it had
+    before the option existed."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "hi"}\n')
+    plain = DatasetConfig(name="d", path=str(data))
+    mixed = plain.model_copy(update={"sampling_mix": EFFORTS})
+    assert cache_key(plain, [data]) == cache_key(mixed, [data])

@@ -38,6 +38,7 @@ from draftgen.formats.trajectory import (
     same_tool_calls,
     trajectory_layout,
     turn_messages,
+    turn_prompt,
 )
 from draftgen.testing.assets import cached_tokenizer, deepseek_r1_tokenizer_dir, family_tokenizer
 from draftgen.tokenize import Tokenizer
@@ -134,13 +135,12 @@ def regenerate(fmt: Format, conversation: ConversationPlan, says: Sequence[Say],
     walk = Walk([], [], [], None)
     turns = conversation.turns
     for k, say in enumerate(says):
-        messages = turn_messages(turns, walk.answers)
+        messages, prompt_ids = turn_prompt(fmt, turns, walk.answers, conversation.tools)
         prompt = Prompt(f"t{k}", "chat", messages, conversation.tools)
         raw = RawAnswer(reasoning=say.reasoning, content=say.content, tool_calls=say.tool_calls,
                         finish_reason="stop" if say.finished else "length", usage=Usage())
         [rebuilt] = fmt.rebuild_batch([raw], [prompt])
         answer = TurnAnswer.from_rebuilt(rebuilt, finished=say.finished)
-        prompt_ids = fmt.render_prompt(messages, conversation.tools)
         if ids_of is not None:
             prompt_ids = ids_of(fmt.prompt_text(messages, conversation.tools))
             answer = TurnAnswer(answer.reasoning, answer.content, answer.tool_calls,
@@ -205,14 +205,18 @@ def assert_qwen3_prompts_are_official(fmt: Format, walk: Walk, tools: Any) -> No
                                                          add_generation_prompt=True)
 
 
-def test_qwen3_chat_with_reasoning_branches_at_every_new_query(qwen3: Format) -> None:
-    """Qwen3 drops the reasoning of turns before the last query: no prompt extends the one
-    before it, so each turn is its own branch."""
-    walk = regenerate(qwen3, CHAT, CHAT_SAYS)
+@pytest.mark.parametrize("reasoning", [True, False], ids=["reasoning", "no-reasoning"])
+def test_qwen3_chat_branches_at_every_new_query(reasoning: bool, qwen3: Format) -> None:
+    """Qwen3 drops the think block of turns before the last query: no prompt extends the one
+    before it, so each turn is its own branch. An answer without reasoning too: the hybrid
+    model still writes an empty `<think>\n\n</think>\n\n`, which the history drops."""
+    says = CHAT_SAYS if reasoning else [Say(s.content) for s in CHAT_SAYS]
+    walk = regenerate(qwen3, CHAT, says)
+    assert qwen3.tokenizer.decode(walk.answers[0].output_ids).startswith("<think>\n")
     assert walk.end == LAST_TURN and len(walk.answers) == 3
     assert_history_is_the_targets(walk)
     assert_qwen3_prompts_are_official(qwen3, walk, None)
-    assert "A greeting." not in qwen3.prompt_text(walk.prompts[2], None)  # dropped
+    assert "<think>" not in qwen3.prompt_text(walk.prompts[2], None)  # dropped
     layout = trajectory_layout(walk.tokens)
     assert layout.kind == "branches" and layout.breaks == [0, 1]
     assert [s.turns for s in layout.sequences] == [[0], [1], [2]]

@@ -160,16 +160,16 @@ def turn_messages(turns: Sequence[PlannedTurn], answers: Sequence[TurnAnswer]) -
 
 def _relinked(context: Sequence[Message], previous: tuple[PlannedTurn, TurnAnswer] | None
               ) -> list[Message]:
-    if previous is None:
-        return [dict(m) for m in context]
-    turn, answer = previous
-    ids = {
-        old: new
-        for old_call, new_call in zip(_calls_of(turn.expected), answer.tool_calls or [],
-                                      strict=False)
-        if isinstance(old := old_call.get("id"), str) and isinstance(new := new_call.get("id"),
-                                                                     str)
-    }
+    """The context, its tool results naming the target's call IDs where they named the
+    dataset's (the calls are the same, in the same order: `end_after`)."""
+    ids: dict[str, str] = {}
+    if previous is not None:
+        turn, answer = previous
+        for dataset_call, target_call in zip(_calls_of(turn.expected), answer.tool_calls or [],
+                                             strict=False):
+            old, new = dataset_call.get("id"), target_call.get("id")
+            if isinstance(old, str) and isinstance(new, str):
+                ids[old] = new
     out = []
     for m in context:
         m = dict(m)
