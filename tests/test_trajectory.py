@@ -407,7 +407,7 @@ def test_no_turn_follows_an_ended_trajectory() -> None:
     differs = _answer([call("x", "Lyon")])
     with pytest.raises(TrajectoryError, match=r"ended at turn 0 \(tool_call_differs"):
         turn_messages(TOOL_LOOP.turns, [differs])
-    with pytest.raises(TrajectoryError, match="4 assistant turns"):
+    with pytest.raises(TrajectoryError, match="4 turns to answer"):
         turn_messages(TOOL_LOOP.turns, [_answer([call("x", "Paris")])] * 4)
 
 

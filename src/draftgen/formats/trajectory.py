@@ -143,7 +143,7 @@ def turn_messages(turns: Sequence[PlannedTurn], answers: Sequence[TurnAnswer]) -
     dataset's call IDs; they are relinked to the target's calls (same calls, same order)."""
     k = len(answers)
     if k >= len(turns):
-        raise TrajectoryError(f"turn {k}: the conversation has {len(turns)} assistant turns")
+        raise TrajectoryError(f"turn {k}: the conversation has {len(turns)} turns to answer")
     messages: list[Message] = []
     for i, answer in enumerate(answers):
         reason = end_after(turns[i], answer, turns[i + 1])
