@@ -253,6 +253,28 @@ class BackendConfig(_Strict):
         return key
 
 
+class SamplingChoice(_Strict):
+    """One weighted setting of a dataset's `sampling_mix`: the sampling keys it sets replace
+    the run's `sampling` ones for the conversations that draw it."""
+
+    weight: float = Field(gt=0)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = Field(None, gt=0, le=TOKENS_MAX)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    """gpt-oss's effort: the request's `reasoning_effort`, and the format's for its prompt."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Merged into `sampling.extra` (not the keys draftgen sets itself)."""
+
+    _no_managed_keys = field_validator("extra")(_refuse_managed_keys)
+
+    def settings(self) -> dict[str, Any]:
+        """The sampling keys this choice sets (its weight and unset keys left out)."""
+        return {k: v for k, v in self.model_dump(exclude={"weight"}).items()
+                if v is not None and v != {}}
+
+
 class DatasetConfig(_Strict):
     name: str
     path: str
@@ -267,9 +289,15 @@ class DatasetConfig(_Strict):
     max_prompts: int | None = Field(None, gt=0)
     """At most this many answers for the dataset (the rest is counted as skipped). Sharded
     (`--shard I/N`), each shard sends its own prompts among the dataset's first `max_prompts`."""
-    turns: Literal["first", "last"] = "first"
+    turns: Literal["first", "last", "all"] = "first"
     """Which assistant turn to regenerate: "first" (the prompt is the conversation up to the
-    first assistant turn) or "last" (up to the last one, earlier turns kept as history)."""
+    first assistant turn), "last" (up to the last one, earlier turns kept as history) or "all"
+    (every assistant turn in order, the target's own answers as history: docs/trajectories.md;
+    not yet run by `draftgen run`)."""
+    sampling_mix: list[SamplingChoice] | None = Field(None, min_length=1)
+    """Weighted sampling settings, one drawn per conversation from the run's seed and the
+    conversation's ID (`datasets.sampling_mix`), e.g. gpt-oss `reasoning_effort` low, medium,
+    high at weights 4, 4, 2; not yet run by `draftgen run`."""
 
     @field_validator("name")
     @classmethod

@@ -30,8 +30,9 @@ log = logging.getLogger("draftgen.datasets")
 
 CACHE_FORMAT = 1
 """Bump when the file's layout, or how prompts and IDs are made from rows, changes."""
-NOT_PROMPT_OPTIONS = frozenset({"max_output_tokens", "max_prompts"})
-"""Dataset options that only limit what is sent: changing them keeps the cache."""
+NOT_PROMPT_OPTIONS = frozenset({"max_output_tokens", "max_prompts", "sampling_mix"})
+"""Dataset options that only limit or shape what is sent: changing them keeps the cache (and
+a config without `sampling_mix` keeps the key it had before the option existed)."""
 _ARRAYS = ("id_ends", "id_hashes", "tools", "file_no", "offset", "length", "line")
 
 

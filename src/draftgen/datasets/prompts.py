@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from draftgen.config import DatasetConfig
-from draftgen.datasets.errors import BadRow, BadRowError
+from draftgen.datasets.errors import BadRow, BadRowError, DatasetError
 from draftgen.datasets.ids import IdAssigner, RowIdentity, row_identity
 from draftgen.datasets.readers import Row, RowStream, open_rows
 from draftgen.datasets.schema import PromptTurns, conversation_from_row, require_object
@@ -59,13 +59,27 @@ def rows_to_prompt(row: dict[str, Any], dataset: str, source: str) -> Prompt:
 def iter_prompts(cfg: DatasetConfig, stats: LoadStats | None = None) -> Iterator[Prompt]:
     """The dataset's prompts, one at a time, at most `cfg.limit` of them.
 
-    Raises `DatasetError` at once when the path is missing or of an unknown format, and while
+    Raises `DatasetError` at once when the path is missing or of an unknown format, or the
+    dataset asks for what the run does not do yet (`turns: all`, `sampling_mix`), and while
     iterating when the data cannot be read at all. `stats`, when given, is filled in as the
     iteration goes."""
+    turns = prompt_turns(cfg)
     rows = open_rows(cfg.path, cfg.split, cfg.subset)
     return _prompts_from_rows(
-        rows, cfg.name, cfg.limit, stats if stats is not None else LoadStats(), cfg.turns
+        rows, cfg.name, cfg.limit, stats if stats is not None else LoadStats(), turns
     )
+
+
+def prompt_turns(cfg: DatasetConfig) -> PromptTurns:
+    """The dataset's `turns` when the run answers them one prompt per row; `DatasetError`
+    for what it cannot run yet (the trajectories of docs/trajectories.md)."""
+    if cfg.turns == "all":
+        raise DatasetError(f"dataset {cfg.name!r}: turns: all is not supported by the run yet "
+                           "(use turns: first or last)")
+    if cfg.sampling_mix is not None:
+        raise DatasetError(f"dataset {cfg.name!r}: sampling_mix is not supported by the run "
+                           "yet (set the run's sampling instead)")
+    return cfg.turns
 
 
 def load_prompts(cfg: DatasetConfig) -> tuple[list[Prompt], LoadStats]:
@@ -88,6 +102,25 @@ def admitted_rows(
     turns: PromptTurns = "first",
 ) -> Iterator[tuple[Prompt, Row]]:
     """Each kept prompt with the row it came from, at most `limit`; `stats` filled in."""
+    def read(row: Any, source: str) -> tuple[Prompt, RowIdentity]:
+        return prompt_and_identity(row, dataset, source, turns)
+
+    return admitted(rows, dataset, limit, stats, read)
+
+
+class Identified(Protocol):
+    id: str
+
+
+ItemT = TypeVar("ItemT", bound=Identified)
+
+
+def admitted(
+    rows: RowStream, dataset: str, limit: int | None, stats: LoadStats,
+    read: Callable[[Any, str], tuple[ItemT, RowIdentity]],
+) -> Iterator[tuple[ItemT, Row]]:
+    """Each kept item (a prompt, a conversation) that `read` makes of a row, with the row it
+    came from, at most `limit`; bad rows and duplicates counted in `stats`."""
     ids = IdAssigner()
     try:
         for item in rows:
@@ -95,24 +128,25 @@ def admitted_rows(
                 stats.limited = True
                 return
             stats.rows += 1
-            prompt = _admit(item, dataset, ids, stats, turns)
-            if prompt is not None:
+            kept = _admit(item, dataset, ids, stats, read)
+            if kept is not None:
                 stats.prompts += 1
                 assert isinstance(item, Row)
-                yield prompt, item
+                yield kept, item
     finally:
         rows.close()
 
 
 def _admit(
-    item: Row | BadRow, dataset: str, ids: IdAssigner, stats: LoadStats, turns: PromptTurns
-) -> Prompt | None:
-    """The row's prompt with its final ID, or None (after counting why) when it has none."""
+    item: Row | BadRow, dataset: str, ids: IdAssigner, stats: LoadStats,
+    read: Callable[[Any, str], tuple[ItemT, RowIdentity]],
+) -> ItemT | None:
+    """The row's item with its final ID, or None (after counting why) when it has none."""
     if isinstance(item, BadRow):
         stats.add_bad_row(item)
         return None
     try:
-        prompt, identity = prompt_and_identity(item.data, dataset, item.source, turns)
+        kept, identity = read(item.data, item.source)
     except BadRowError as e:
         stats.add_bad_row(BadRow(item.source, e.reason))
         return None
@@ -122,8 +156,8 @@ def _admit(
         return None
     if assigned.collided:
         stats.id_collisions += 1
-        prompt.id = f"{dataset}/{assigned.row_id}"
-    return prompt
+        kept.id = f"{dataset}/{assigned.row_id}"
+    return kept
 
 
 def prompt_and_identity(

@@ -51,6 +51,9 @@ TEXT_PART_SEPARATOR = "\n"
 
 
 PromptTurns = Literal["first", "last"]
+"""Which assistant turn a prompt answers (one prompt per row)."""
+DatasetTurns = Literal["first", "last", "all"]
+"""A dataset's `turns`: "all" reads the whole conversation (`datasets.conversations`)."""
 
 
 @dataclass(slots=True)
@@ -83,7 +86,20 @@ def conversation_from_row(row: dict[str, Any], turns: PromptTurns = "first") -> 
 # Schema detection
 
 
-def _prompt_messages(row: dict[str, Any], turns: PromptTurns) -> list[Message]:
+def whole_conversation_from_row(row: dict[str, Any]) -> Conversation:
+    """Every message of `row` (assistant turns, tool calls and results included), for
+    `turns: all`; raises `BadRowError` when there is no user turn before the first assistant
+    turn."""
+    messages = _prompt_messages(row, "all")
+    _prepend_system(messages, _system_text(row))
+    first_answer = next((i for i, m in enumerate(messages) if m["role"] == "assistant"),
+                        len(messages))
+    _check_prompt(messages[:first_answer])
+    _check_prompt(messages)
+    return Conversation(messages, parse_tools(row.get("tools")))
+
+
+def _prompt_messages(row: dict[str, Any], turns: DatasetTurns) -> list[Message]:
     for field in CONVERSATION_FIELDS:
         value = row.get(field)
         if value is not None:
@@ -161,9 +177,9 @@ def _check_prompt(messages: list[Message]) -> None:
 # Messages
 
 
-def _prompt_turns(field: str, raw_messages: list[Any], turns: PromptTurns) -> list[Message]:
-    """The normalized messages before the first (or last) assistant turn; later turns are not
-    read."""
+def _prompt_turns(field: str, raw_messages: list[Any], turns: DatasetTurns) -> list[Message]:
+    """The normalized messages before the first (or last) assistant turn, later turns not
+    read; with "all", every message."""
     messages: list[Message] = []
     for index, raw in enumerate(raw_messages):
         where = f"{field}[{index}]"
@@ -173,7 +189,7 @@ def _prompt_turns(field: str, raw_messages: list[Any], turns: PromptTurns) -> li
         if role == "assistant" and turns == "first":
             break
         messages.append(_normalized_message(raw, role, where))
-    while messages and messages[-1]["role"] == "assistant":
+    while turns != "all" and messages and messages[-1]["role"] == "assistant":
         messages.pop()
     return messages
 

@@ -21,7 +21,13 @@ import numpy as np
 from draftgen.config import DatasetConfig
 from draftgen.datasets.cache import cache_key, discard_cache, read_cache, write_cache
 from draftgen.datasets.errors import BadRow, BadRowError, DatasetError
-from draftgen.datasets.prompts import LoadStats, admitted_rows, iter_prompts, prompt_and_identity
+from draftgen.datasets.prompts import (
+    LoadStats,
+    admitted_rows,
+    iter_prompts,
+    prompt_and_identity,
+    prompt_turns,
+)
 from draftgen.datasets.readers import Row, located_jsonl_rows, plain_jsonl_files, rows_at
 from draftgen.datasets.rowindex import PromptIndex, PromptIndexBuilder, index_of
 from draftgen.types import Prompt
@@ -98,7 +104,9 @@ def load_prompt_table(cfg: DatasetConfig, cache_path: Path | None = None
     """The dataset's prompts and what loading found: the same prompts, IDs and stats as
     `iter_prompts`. With `cache_path`, a plain JSONL source goes through the prompt cache
     there: read when it matches the files and options; else the dataset is read in full and
-    the table's `save_cache()` writes the cache."""
+    the table's `save_cache()` writes the cache. `DatasetError` when the dataset asks for
+    what the run does not do yet (`prompts.prompt_turns`)."""
+    prompt_turns(cfg)
     files = plain_jsonl_files(cfg.path, cfg.split)
     if files is None or cache_path is None:
         return _read_in_memory(cfg)
@@ -144,7 +152,7 @@ def _read_located(cfg: DatasetConfig, files: list[Path]
     builder = PromptIndexBuilder(locate=True)
     prompts = []
     for prompt, row in admitted_rows(located_jsonl_rows(files), cfg.name, cfg.limit, stats,
-                                     cfg.turns):
+                                     prompt_turns(cfg)):
         builder.add(prompt, row)
         prompts.append(prompt)
     return prompts, builder.build(), stats
@@ -180,7 +188,7 @@ class JsonlRowLoader:
             raise self._changed(row.source, row.reason)
         try:
             prompt, _ = prompt_and_identity(row.data, self._cfg.name, row.source,
-                                            self._cfg.turns)
+                                            prompt_turns(self._cfg))
         except BadRowError as e:
             raise self._changed(row.source, e.reason) from None
         # The ID of a row whose own ID clashed carries a suffix (`ids.IdAssigner`).
