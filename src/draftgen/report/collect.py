@@ -49,7 +49,10 @@ class Reservoir:
 
 
 @dataclass
-class DatasetStats(Tally):
+class DatasetStats(Tally, ReadCounts):
+    """A dataset's answers (the `Tally`), what reading them skipped (`ReadCounts`), and their
+    distributions."""
+
     failures: int = 0
     finish: Counter[str] = field(default_factory=Counter)
     checks: Counter[str] = field(default_factory=Counter)
@@ -58,10 +61,6 @@ class DatasetStats(Tally):
     reasoning_len: Reservoir = field(default_factory=lambda: Reservoir(seed=1))
     content_len: Reservoir = field(default_factory=lambda: Reservoir(seed=2))
     latency: Reservoir = field(default_factory=lambda: Reservoir(seed=3))
-    torn_tail_bytes: int = 0
-    bad_lines: int = 0
-    duplicates: int = 0
-    """Answers to prompts an earlier folder of a re-sharded run answered: left out."""
 
 
 @dataclass
