@@ -306,7 +306,7 @@ def child_draftgen_procs(config: Path, procs: int) -> dict[str, Any]:
         raise SystemExit(f"draftgen run --procs {procs}: exit code {code}")
     root = Path(load_config(config).output_dir)
     status = collect_status(root)
-    return {"answers": status.total.sums.done, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
+    return {"answers": status.total.sums.answers, "wall_s": m.wall_s, "cpu_s": m.cpu_s,
             "dispatch_s": dispatch_window(root), "procs": procs, "src": _draftgen_src()}
 
 

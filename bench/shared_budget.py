@@ -68,7 +68,7 @@ def main() -> int:
 
     from draftgen.config import Price
     from draftgen.scale.leases import FilePool
-    from draftgen.scale.shards import shard_folders
+    from draftgen.store.shards import shard_folders
 
     common.print_machine()
     server_args = ["--mode", "openrouter", "--prices", f"{PRICE['prompt']},{PRICE['completion']}",

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from draftgen.config import Price, load_config
-from draftgen.scale.shards import ShardSpec, shard_folders, shard_of
+from draftgen.store.shards import ShardSpec, shard_folders, shard_of
 from tests.e2e_helpers import fast_backend, wait_for_lines, write_config, write_jsonl
 
 PRICE = Price(prompt=0.5, completion=2.5)

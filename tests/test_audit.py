@@ -329,7 +329,7 @@ def test_quarantine_then_resume_regenerates_exactly_those(tmp_path: Path,
                             repair=False)
     assert [e.id for e in entries] == [r["id"] for r in kept]
     st = collect_status(run_dir).datasets["d"]
-    assert (st.sums.done, st.quarantined, st.pending) == (27, 3, 3)
+    assert (st.sums.answers, st.quarantined, st.pending) == (27, 3, 3)
     assert audit_run(run_dir, workers=1).ok
     # the next run sends exactly the quarantined prompts again
     before = {r["id"] for r in kept}
@@ -358,14 +358,14 @@ def test_quarantine_interrupted_before_the_rename_loses_nothing(
     def killed(*_: Any) -> None:
         raise KeyboardInterrupt("killed before the rename")
 
-    monkeypatch.setattr("draftgen.audit.quarantine.os.replace", killed)
+    monkeypatch.setattr("draftgen.store.quarantine.os.replace", killed)
     with pytest.raises(KeyboardInterrupt):
         quarantine(report)
     monkeypatch.undo()
     assert (run_dir / "d" / "responses.jsonl").read_bytes() == all_lines
     held = (run_dir / "d" / "quarantine.jsonl").read_bytes().count(b"\n")
     assert held == len(report.datasets["d"].failing)
-    assert collect_status(run_dir).datasets["d"].sums.done == len(records) + len(defects)
+    assert collect_status(run_dir).datasets["d"].sums.answers == len(records) + len(defects)
     # again, from the start: nothing copied twice, everything in exactly one file
     again = quarantine(audit_run(run_dir, workers=1))
     assert again.already["d"] == again.moved["d"] == held

@@ -76,7 +76,8 @@ assert __import__("json").loads(result.stdout)["datasets"]["ds"]["done"] == 5, r
     assert _heavy_imported(code, NOT_FOR_STATUS) == []
 
 
-@pytest.mark.parametrize("package", ["draftgen.export", "draftgen.probe", "draftgen.tokenize"])
+@pytest.mark.parametrize("package", ["draftgen.export", "draftgen.probe", "draftgen.store",
+                                     "draftgen.tokenize"])
 def test_every_name_a_lazy_package_exports_resolves(package: str) -> None:
     module = importlib.import_module(package)
     for name in module.__all__:

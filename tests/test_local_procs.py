@@ -25,8 +25,8 @@ from draftgen.audit import audit_run
 from draftgen.config import load_config
 from draftgen.scale.leases import USD, FilePool
 from draftgen.scale.local import share_concurrency
-from draftgen.scale.shards import ShardSpec, live_parts, run_parts, shard_of
 from draftgen.status import collect_status
+from draftgen.store.shards import ShardSpec, live_parts, run_parts, shard_of
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, wait_for_lines, write_config, write_jsonl
 from tests.shard_helpers import (
@@ -225,11 +225,11 @@ def test_the_processes_share_one_dollar_budget(tmp_path: Path, qwen3_dir: Path) 
     assert spent >= budget - worst  # and less than one request's worst case left unspent
     assert len({r["id"] for r in records}) == len(records) < len(rows)
     st = collect_status(root)
-    assert st.total.sums.cost_usd == pytest.approx(spent, abs=1e-9)
+    assert st.total.sums.cost == pytest.approx(spent, abs=1e-9)
     for shard in st.shards:  # stopped by the budget (unless it answered all of its share)
         d = shard.status.datasets["d"]
-        assert shard.status.last_outcome == "budget" or d.sums.done == d.total == 40, (
-            shard.part.label, shard.status.last_outcome, d.sums.done)
+        assert shard.status.last_outcome == "budget" or d.sums.answers == d.total == 40, (
+            shard.part.label, shard.status.last_outcome, d.sums.answers)
     assert sum(s.status.last_outcome == "budget" for s in st.shards) >= 2
     state = FilePool(root).read()
     assert sorted(state.leases) == ["0-of-3", "1-of-3", "2-of-3"]
@@ -277,7 +277,7 @@ def test_killing_the_launcher_kills_its_processes_and_a_rerun_loses_nothing(
         assert live_parts(run_parts(root)) == []
         st = collect_status(root)
         assert [s.state for s in st.shards] == ["killed"] * 3
-        before = st.datasets["d"].sums.done
+        before = st.datasets["d"].sums.answers
         assert 6 <= before < len(rows)
 
         server.config.latency_s = 0.01  # read per request: the rerun need not be slow
@@ -290,7 +290,7 @@ def test_killing_the_launcher_kills_its_processes_and_a_rerun_loses_nothing(
     assert requests <= len(rows) + 6, requests
     st = collect_status(root)
     d = st.datasets["d"]
-    assert (d.total, d.sums.done, d.pending, d.duplicates) == (len(rows), len(rows), 0, 0)
+    assert (d.total, d.sums.answers, d.pending, d.duplicates) == (len(rows), len(rows), 0, 0)
     assert {s.state for s in st.shards} == {"stopped"}
 
 

@@ -29,8 +29,10 @@ from draftgen.config import DatasetConfig, load_config
 from draftgen.export import ExportFormat, ExportOptions, export_run
 from draftgen.report import write_report
 from draftgen.runner import Outcome, Runner, prepare
-from draftgen.scale.shards import (
-    SHARDS_DIR,
+from draftgen.status import collect_status
+from draftgen.store import RunLayout, RunLock
+from draftgen.store.layout import SHARDS_DIR
+from draftgen.store.shards import (
     RunPart,
     ShardError,
     ShardSpec,
@@ -39,8 +41,6 @@ from draftgen.scale.shards import (
     seen_earlier,
     shard_of,
 )
-from draftgen.status import collect_status
-from draftgen.store import RunLayout, RunLock
 from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
 from tests.e2e_helpers import (
@@ -126,9 +126,9 @@ def test_a_prompt_answered_in_two_folders_is_read_once(tmp_path: Path, qwen3_tok
     _write_shard(root, "0/2", qwen3_tok, {"d": 20})  # d-0000..d-0011 again
     st = collect_status(root)
     d = st.datasets["d"]
-    assert d.sums.done == 20 and d.duplicates == 12
+    assert d.sums.answers == 20 and d.duplicates == 12
     assert [s.part.label for s in st.shards] == ["0/2", "0/4"]
-    assert [s.status.total.sums.done for s in st.shards] == [20, 12]
+    assert [s.status.total.sums.answers for s in st.shards] == [20, 12]
     assert any("12 prompts answered in two shard folders" in n for n in st.notes)
     assert st.as_json()["shards"][1]["done"] == 12
 
@@ -236,9 +236,9 @@ def test_four_shards_side_by_side_make_one_run(tmp_path: Path, qwen3_dir: Path) 
 
     st = collect_status(root)
     d = st.datasets["mixed"]
-    assert (d.total, d.sums.done, d.pending, d.duplicates) == (rows, rows, 0, 0)
+    assert (d.total, d.sums.answers, d.pending, d.duplicates) == (rows, rows, 0, 0)
     assert len(st.shards) == 4 and {s.state for s in st.shards} == {"stopped"}
-    assert sum(s.status.total.sums.done for s in st.shards) == rows
+    assert sum(s.status.total.sums.answers for s in st.shards) == rows
     proc = subprocess.run([sys.executable, "-m", "draftgen.status", str(root), "--json"],
                           capture_output=True, timeout=60)
     data = orjson.loads(proc.stdout)
@@ -273,7 +273,7 @@ def test_resharding_answers_only_what_is_missing(tmp_path: Path, qwen3_dir: Path
     assert len(answered) == rows and set(answered.values()) == {1}
     assert sent == rows - len(first)
     d = collect_status(root).datasets["mixed"]
-    assert (d.total, d.sums.done, d.pending) == (rows, rows, 0)
+    assert (d.total, d.sums.answers, d.pending) == (rows, rows, 0)
     summary = export_run(root, ExportOptions(format=ExportFormat.parquet, out=tmp_path / "x",
                                              checks=False, text=False,
                                              exclude_truncated=False))
@@ -297,7 +297,7 @@ def test_stop_signals_every_live_shard_of_the_run(tmp_path: Path, qwen3_dir: Pat
     assert [p.returncode for p in procs] == [0, 0]
     st = collect_status(root)
     assert {s.status.last_outcome for s in st.shards} == {"stopped"}
-    assert st.datasets["mixed"].sums.done < 80
+    assert st.datasets["mixed"].sums.answers < 80
     shutil.rmtree(root)
     result = CliRunner().invoke(app, ["stop", str(root)])
     assert result.exit_code == 1 and "no draftgen run is live" in result.output
@@ -315,7 +315,7 @@ def test_status_of_shards_without_all_of_them_started(tmp_path: Path, qwen3_tok:
     run_json.write_bytes(orjson.dumps(data))
     ShardSpec(1, 2).folder(root).mkdir()
     st = collect_status(root)
-    assert st.datasets["d"].total is None and st.datasets["d"].sums.done == 6
+    assert st.datasets["d"].total is None and st.datasets["d"].sums.answers == 6
     assert [s.state for s in st.shards] == ["stopped", "not started"]
     assert any("prompt totals unknown for d" in n for n in st.notes)
     # with shard 1's share recorded, the total is the sum of both shares

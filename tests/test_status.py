@@ -241,13 +241,13 @@ def test_status_counts_equal_the_files_and_write_nothing(tmp_path: Path) -> None
     st = collect_status(tmp_path, now=3000.0)
     assert _snapshot(tmp_path) == before
     d, direct = st.datasets["ds"], _direct_counts(tmp_path, "ds")
-    assert d.sums.done == direct["done"] == 60 and d.duplicates == 1
+    assert d.sums.answers == direct["done"] == 60 and d.duplicates == 1
     assert d.failed_by_kind == direct["failed"] == {"bad_request": 1, "server_error": 1}
     assert d.out_of_attempts == 1  # ds/100 failed twice, max_attempts 2
     assert d.sums.output_tokens == direct["output_tokens"]
-    assert d.sums.cost_usd == pytest.approx(direct["cost"])
+    assert d.sums.cost == pytest.approx(direct["cost"])
     assert (d.truncated, d.not_exact) == (direct["truncated"], direct["not_exact"])
-    assert {k: v.done for k, v in d.by_backend.items()} == direct["by_backend"]
+    assert {k: v.answers for k, v in d.by_backend.items()} == direct["by_backend"]
     assert set(d.by_provider) == {"-", "Alpha/fp8"}
     assert d.in_flight == 1  # ds/102: ds/59 was answered, ds/100 ended
     assert (d.total, d.skipped, d.pending) == (70, 1, 70 - 60 - 2 - 1)
@@ -271,7 +271,7 @@ def test_older_schema_and_unknown_totals_are_reported(tmp_path: Path) -> None:
     Store(tmp_path).append_record("ds", old)
     st = collect_status(tmp_path)
     d = st.datasets["ds"]
-    assert d.sums.done == 1 and d.old_schema == 1 and d.total is None and d.pending is None
+    assert d.sums.answers == 1 and d.old_schema == 1 and d.total is None and d.pending is None
     assert any("older record schema" in n for n in st.notes)
     assert any("totals unknown" in n for n in st.notes)
 

@@ -399,7 +399,7 @@ def stop(
 ) -> None:
     """Stop a running `draftgen run` on RUN_DIR (graceful unless --now). On a sharded run, every
     live shard on this machine (shards live on other machines are named)."""
-    from draftgen.scale.shards import live_parts, run_parts
+    from draftgen.store.shards import live_parts, run_parts
 
     if run_dir.exists() and not run_dir.is_dir():
         raise _fail(f"{run_dir}: not a folder; give the run's output_dir")
@@ -561,7 +561,7 @@ def audit(
     from draftgen.audit import AuditError, audit_run, render_report
     from draftgen.audit.quarantine import QuarantineError
     from draftgen.audit.quarantine import quarantine as move_failing
-    from draftgen.scale.shards import live_parts, run_parts
+    from draftgen.store.shards import live_parts, run_parts
 
     _setup_logging(False)
     if quarantine:  # refuse before spending minutes on the audit

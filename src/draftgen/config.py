@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from draftgen.assets import resolve_builtin
 from draftgen.errors import DraftgenError
 from draftgen.redact import REDACTED, keep_secret, redact_value
-from draftgen.scale.folders import SHARDS_DIR
+from draftgen.store.layout import SHARDS_DIR
 
 BackendType = Literal["openai", "openrouter", "vllm", "sglang", "llamacpp"]
 RESERVED_FOLDERS = frozenset({SHARDS_DIR})

@@ -16,11 +16,16 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from draftgen.tally import Tally
+
 log = logging.getLogger("draftgen")
 
 
 @dataclass
-class DatasetCounters:
+class DatasetCounters(Tally):
+    """A dataset's live counters: this session's answers, tokens and spend (the `Tally`), and
+    what the session knows besides."""
+
     total: int = 0
     done_before: int = 0
     """Answers already on disk when this session started."""
@@ -28,12 +33,8 @@ class DatasetCounters:
     """Prompts not retried: they failed `max_attempts` times in earlier sessions."""
     skipped: int = 0
     """Prompts not sent because the dataset's or the run's budget was reached."""
-    done: int = 0
     failed: int = 0
     in_flight: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-    cost: float = 0.0
     output_tokens_before: int = 0
     cost_before: float = 0.0
     truncated: int = 0
@@ -41,9 +42,26 @@ class DatasetCounters:
     failure_kinds: Counter[str] = field(default_factory=Counter)
 
     @property
+    def done(self) -> int:
+        """Answers this session (`Tally.answers`, by the name the run's counts use)."""
+        return self.answers
+
+    @done.setter
+    def done(self, value: int) -> None:
+        self.answers = value
+
+    @property
     def pending(self) -> int:
         return (self.total - self.done_before - self.exhausted - self.skipped - self.done
                 - self.failed)
+
+    def add(self, other: Tally) -> None:
+        super().add(other)
+        if isinstance(other, DatasetCounters):
+            for name in ("total", "done_before", "exhausted", "skipped", "failed", "in_flight",
+                         "truncated", "not_exact", "output_tokens_before", "cost_before"):
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+            self.failure_kinds.update(other.failure_kinds)
 
 
 @dataclass
@@ -63,11 +81,7 @@ class RunCounters:
     def total(self) -> DatasetCounters:
         t = DatasetCounters()
         for d in self.datasets.values():
-            for name in ("total", "done_before", "exhausted", "skipped", "done", "failed",
-                         "in_flight", "output_tokens", "reasoning_tokens", "truncated",
-                         "not_exact", "output_tokens_before", "cost", "cost_before"):
-                setattr(t, name, getattr(t, name) + getattr(d, name))
-            t.failure_kinds.update(d.failure_kinds)
+            t.add(d)
         return t
 
     def sample(self) -> tuple[float, float, float]:

@@ -87,10 +87,10 @@ def test_reported_cost_is_believed_only_when_plausible(
     assert all(r["cost_source"] == "priced_report_refused" for r in records)
     assert all(r["cost_usd"] == pytest.approx(_priced(r["usage"])) for r in records)
     st = collect_status(tmp_path / "run")
-    assert math.isfinite(st.total.sums.cost_usd)
-    assert st.total.sums.cost_usd == pytest.approx(bill)
+    assert math.isfinite(st.total.sums.cost)
+    assert st.total.sums.cost == pytest.approx(bill)
     assert st.cost_reports_refused == len(records)
-    case.note(f"status: ${st.total.sums.cost_usd:.4f}, {st.cost_reports_refused} reported "
+    case.note(f"status: ${st.total.sums.cost:.4f}, {st.cost_reports_refused} reported "
               "costs not believed")
 
 
@@ -177,7 +177,7 @@ def test_quarantined_answers_keep_counting(tmp_path: Path, qwen3_dir: Path,
              for line in (run_dir / "d" / "quarantine.jsonl").read_bytes().splitlines()]
     bill = sum(_priced(r["usage"]) for r in kept + moved)
     st = collect_status(run_dir)
-    shown = st.total.sums.cost_usd + st.total.cost_not_kept_usd
+    shown = st.total.sums.cost + st.total.cost_not_kept_usd
     case.note(f"{len(moved)} answers quarantined over 3 rounds, billed ${bill:.4f} of "
               f"${BUDGET}; status shows ${shown:.4f}")
     assert not kept and moved

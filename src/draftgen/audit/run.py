@@ -5,7 +5,7 @@ nothing is parsed twice) and the ranges are audited by a pool of worker processe
 the run's tokenizer and format; results come back in file order. Memory stays flat: a range is
 read, checked and dropped; only counts, example IDs and the failing lines' byte ranges are kept.
 Nothing is written in the run folder (see `audit.quarantine` for moving failing answers out).
-A sharded run is audited as one: every folder of `scale.shards.run_parts`, with one tokenizer
+A sharded run is audited as one: every folder of `store.reader.Run`, with one tokenizer
 and format (the shards must share them), an ID answered in two folders failing `duplicate_id`.
 """
 
@@ -40,10 +40,7 @@ from draftgen.audit.engine import run_chunk as _run_chunk
 from draftgen.audit.report import AuditReport, DatasetAudit
 from draftgen.errors import DraftgenError
 from draftgen.formats import FormatError
-from draftgen.scale.shards import RunPart, is_sharded, live_parts, run_parts
-from draftgen.status import StatusError, open_layout
-from draftgen.store.fast_index import load_index_columns, torn_tail_bytes
-from draftgen.store.layout import RunLayout
+from draftgen.store.reader import Run, RunFolder, RunOpenError, Snapshot
 from draftgen.store.runinfo import SETTINGS, session_settings
 from draftgen.tokenize import TokenizerError
 
@@ -95,9 +92,9 @@ class _File:
 
     key: str
     """How the report names it: the dataset, or its path in a shard folder (shards/0-of-4/d)."""
-    layout: RunLayout
+    folder: RunFolder
     name: str
-    size: int
+    snapshot: Snapshot
 
 
 def _duplicate_ends(files: list[_File]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -106,7 +103,7 @@ def _duplicate_ends(files: list[_File]) -> tuple[dict[str, np.ndarray], dict[str
     ends: list[np.ndarray] = []
     hashes = []
     for f in files:
-        cols = load_index_columns(f.layout, f.name, f.size)
+        cols = f.folder.index_columns(f.name, f.snapshot.size)
         ends.append(cols.rows["end"].copy())
         hashes.append(cols.rows["idh"])
     all_h = np.concatenate(hashes) if hashes else np.empty(0, dtype=np.uint64)
@@ -155,32 +152,18 @@ def _in_pool(spec: SessionSpecs, workers: int, chunks: Iterator[Chunk]) -> Itera
             yield fut.result()
 
 
-@dataclass
-class _Folder:
-    part: RunPart
-    layout: RunLayout
-    run_json: dict[str, Any]
-
-
-def _folders(root: Path) -> list[_Folder]:
+def _folders(root: Path) -> list[RunFolder]:
     """The run's folders that hold a run (a shard folder just created holds nothing yet)."""
-    parts = run_parts(root)
-    out = []
-    for part in parts:
-        if is_sharded(parts) and not (RunLayout(part.folder).run_json.exists()
-                                      or RunLayout(part.folder).dataset_names()):
-            continue
-        try:
-            layout, run_json = open_layout(part.folder)
-        except StatusError as e:
-            raise AuditError(str(e)) from None
-        out.append(_Folder(part, layout, run_json))
-    if not out:
+    try:
+        folders = Run.open(root).holding()
+    except RunOpenError as e:
+        raise AuditError(str(e)) from None
+    if not folders:
         raise AuditError(f"{root}: no shard folder holds a run yet")
-    return out
+    return folders
 
 
-def _run_spec(folders: list[_Folder], tokenizer: Path | None) -> FormatSpec:
+def _run_spec(folders: list[RunFolder], tokenizer: Path | None) -> FormatSpec:
     """The tokenizer and format every folder used; their routing rules together."""
     specs = [format_spec(f.run_json, tokenizer) for f in folders]
     first = specs[0]
@@ -189,15 +172,15 @@ def _run_spec(folders: list[_Folder], tokenizer: Path | None) -> FormatSpec:
         differs = (spec.format, spec.options) != (first.format, first.options) or (
             tokenizer is None and _tokenizer_sha(f.run_json) not in (None, sha))
         if differs:
-            raise AuditError(f"{f.layout.root}: run with another model format or tokenizer "
-                             f"than {folders[0].layout.root}; audit each folder on its own")
+            raise AuditError(f"{f.root}: run with another model format or tokenizer "
+                             f"than {folders[0].root}; audit each folder on its own")
     routing: dict[str, dict[str, Any]] = {}
     for spec in reversed(specs):
         routing.update(spec.routing)
     return FormatSpec(first.tokenizer, first.format, first.options, routing)
 
 
-def _session_judges(folders: list[_Folder], judges: Judges, tokenizer: Path | None
+def _session_judges(folders: list[RunFolder], judges: Judges, tokenizer: Path | None
                     ) -> tuple[dict[Path, tuple[str, ...]], list[str]]:
     """Per folder, the judge of each of its sessions (`Chunk.judges`): the run's own where a
     session's format, options and tokenizer hash are its last session's (whatever the file at
@@ -225,11 +208,11 @@ def _session_judges(folders: list[_Folder], judges: Judges, tokenizer: Path | No
             if key not in judges.specs.others:
                 problem = _add_judge(judges, key, spec, sha)
                 if problem:
-                    notes.append(f"{f.layout.root}: answers of session {i} not audited: "
+                    notes.append(f"{f.root}: answers of session {i} not audited: "
                                  f"{problem}")
                     key = UNJUDGED
             keys.append(key)
-        out[f.layout.root] = tuple(keys)
+        out[f.root] = tuple(keys)
     return out, notes
 
 
@@ -269,14 +252,14 @@ def _tokenizer_sha(run_json: dict[str, Any]) -> str | None:
     return sha if isinstance(sha, str) else None
 
 
-def _files(root: Path, folders: list[_Folder]) -> list[_File]:
+def _files(root: Path, folders: list[RunFolder]) -> list[_File]:
     files = []
     for f in folders:
-        where = "" if f.part.shard is None else f"{f.part.folder.relative_to(root)}/"
-        for name in f.layout.dataset_names():
-            path = f.layout.responses(name)
-            if path.exists():
-                files.append(_File(f"{where}{name}", f.layout, name, path.stat().st_size))
+        where = "" if f.part.shard is None else f"{f.root.relative_to(root)}/"
+        for name in f.dataset_names():
+            snapshot = f.responses(name)
+            if snapshot.path.exists():
+                files.append(_File(f"{where}{name}", f, name, snapshot))
     return files
 
 
@@ -288,7 +271,7 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
     judges = _load(spec)
     auditor = judges.main
     judge_keys, session_notes = _session_judges(folders, judges, tokenizer)
-    report = AuditReport(root=root, live=bool(live_parts([f.part for f in folders])),
+    report = AuditReport(root=root, live=any(f.live for f in folders),
                          tokenizer=str(auditor.tokenizer.path), format=spec.main.format)
     _tokenizer_note(report, folders[0].run_json, auditor, tokenizer)
     files = _files(root, folders)
@@ -296,15 +279,15 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
     total = sum(len(e) for e in ends.values())
     chunks: list[Chunk] = []
     for f in files:
-        path = f.layout.responses(f.name)
-        torn = torn_tail_bytes(path, f.size)
-        report.datasets[f.key] = DatasetAudit(snapshot_size=f.size, torn_tail_bytes=torn,
-                                              folder=f.layout.root, name=f.name)
+        torn = f.folder.torn_tail(f.snapshot)
+        report.datasets[f.key] = DatasetAudit(snapshot_size=f.snapshot.size,
+                                              torn_tail_bytes=torn, folder=f.folder.root,
+                                              name=f.name)
         if torn:
             report.notes.append(f"{f.key}/responses.jsonl: torn last line ({torn} bytes "
                                 "without a newline): not audited; the next draftgen run cuts it")
-        chunks.extend(_chunks(f.key, path, ends[f.key], dups[f.key], f.size - torn, per_chunk,
-                              judge_keys.get(f.layout.root, ())))
+        chunks.extend(_chunks(f.key, f.snapshot.path, ends[f.key], dups[f.key],
+                              f.snapshot.size - torn, per_chunk, judge_keys.get(f.folder.root, ())))
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     workers = min(workers, max(1, len(chunks)))
     report.workers = workers

@@ -44,8 +44,8 @@ from draftgen.export.source import (
     open_run,
 )
 from draftgen.export.writers import ParquetSink, Sink, SpecForgeSink, SpeculatorsSink
-from draftgen.scale.shards import run_folder_at_or_above, run_folder_below
 from draftgen.store.runinfo import SETTINGS, changed_settings
+from draftgen.store.shards import run_folder_at_or_above, run_folder_below
 
 log = logging.getLogger("draftgen.export")
 

@@ -1,6 +1,6 @@
 """Reading a run folder without touching it: run.json, the tokenizer it names, and the records
 of every `RUN/<dataset>/responses.jsonl`, streamed line by line. A sharded run (`draftgen run
---shard`) is read as one: every folder of `scale.shards.run_parts`, in order; a prompt answered
+--shard`) is read as one: every folder of `store.reader.Run`, in order; a prompt answered
 in two folders (a run re-sharded) is read once, from the first.
 
 Each file is read up to the size it had when the folder was opened (a snapshot), so several
@@ -21,12 +21,17 @@ import orjson
 
 from draftgen.errors import DraftgenError
 from draftgen.formats import Format, FormatError, get_format
-from draftgen.scale.shards import RunPart, is_sharded, live_parts, run_parts, seen_earlier
 from draftgen.store.columns import id_hash
-from draftgen.store.fast_index import load_index_columns
-from draftgen.store.layout import FAILURES, RESPONSES, RunLayout
-from draftgen.store.rescue import count_rescued
-from draftgen.store.runinfo import RunJsonDamaged, read_run_json
+from draftgen.store.reader import (
+    LineScan,
+    NotARun,
+    Run,
+    RunFolder,
+    RunOpenError,
+    Snapshot,
+    complete_lines,
+)
+from draftgen.store.shards import RunPart, seen_earlier
 from draftgen.tokenize import Tokenizer, TokenizerError, load_tokenizer
 
 log = logging.getLogger("draftgen.export")
@@ -36,27 +41,6 @@ Record = dict[str, Any]
 
 class SourceError(DraftgenError):
     """The run folder cannot be read as one."""
-
-
-@dataclass
-class FileScan:
-    """What reading one JSONL file found besides its records."""
-
-    torn_tail_bytes: int = 0
-    """Bytes after the last newline (a torn last line), skipped."""
-    bad_lines: list[int] = field(default_factory=list)
-    """1-based numbers of complete lines that are not JSON objects."""
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    path: Path
-    size: int
-
-    @property
-    def folder(self) -> Path:
-        """The run folder holding this dataset file."""
-        return self.path.parent.parent
 
 
 @dataclass
@@ -81,10 +65,14 @@ class RunSource:
     failures: dict[str, list[Snapshot]]
     live: bool
     """A draftgen run held a folder's lock when it was opened."""
-    parts: list[RunPart] = field(default_factory=list)
+    folders: list[RunFolder] = field(default_factory=list)
     sessions: list[dict[str, Any]] = field(default_factory=list)
     """Every folder's sessions in start order, a shard's named by "shard" (e.g. "0/4")."""
     _repeats: dict[str, list[set[int]]] = field(default_factory=dict)
+
+    @property
+    def parts(self) -> list[RunPart]:
+        return [f.part for f in self.folders]
 
     @property
     def datasets(self) -> list[str]:
@@ -141,14 +129,15 @@ class RunSource:
             if len(snapshots) < 2:
                 self._repeats[dataset] = [set() for _ in snapshots]
             else:
-                hashes = [load_index_columns(RunLayout(s.folder), dataset, s.size).rows["idh"]
+                folders = {f.root: f for f in self.folders}
+                hashes = [folders[s.folder].index_columns(dataset, s.size).rows["idh"]
                           for s in snapshots]
                 self._repeats[dataset] = [set(h.tolist()) for h in seen_earlier(hashes)]
         return self._repeats[dataset]
 
 
 def _read(snapshot: Snapshot, counts: ReadCounts, report: bool) -> Iterator[Record]:
-    scan = FileScan()
+    scan = LineScan()
     yield from iter_jsonl(snapshot, scan)
     counts.torn_tail_bytes += scan.torn_tail_bytes
     counts.bad_lines += len(scan.bad_lines)
@@ -158,80 +147,56 @@ def _read(snapshot: Snapshot, counts: ReadCounts, report: bool) -> Iterator[Reco
 
 def open_run(root: Path) -> RunSource:
     """Read run.json and take a snapshot of every dataset file's size, in every folder of the
-    run (`run_parts`)."""
-    if not root.is_dir():
-        raise SourceError(f"{root}: not a folder")
-    parts = run_parts(root)
-    layouts = [RunLayout(p.folder) for p in parts]
-    if not any(lay.dataset_names() or lay.run_json.exists() for lay in layouts):
-        raise SourceError(f"{root}: not a draftgen run folder (no run.json, no dataset folders)")
+    run (`store.reader.Run`)."""
+    not_a_run = SourceError(f"{root}: not a draftgen run folder (no run.json, no dataset folders)")
+    try:
+        run = Run.open(root)
+    except NotARun:
+        raise not_a_run from None
+    except RunOpenError as e:
+        raise SourceError(str(e)) from None
+    if not any(f.holds_run for f in run.folders):
+        raise not_a_run
     responses: dict[str, list[Snapshot]] = {}
     failures: dict[str, list[Snapshot]] = {}
-    for layout in layouts:
-        for name in layout.dataset_names():
-            for file, into in ((RESPONSES, responses), (FAILURES, failures)):
-                path = layout.root / name / file
-                if path.is_file():
-                    into.setdefault(name, []).append(Snapshot(path, path.stat().st_size))
-    run_jsons = [_run_json(lay) for lay in layouts]
-    _warn_rescued(layouts)
-    return RunSource(root, next((r for r in run_jsons if r), {}), responses, failures,
-                     live=bool(live_parts(parts)), parts=parts,
-                     sessions=_sessions(parts, run_jsons))
+    for folder in run.folders:
+        for name in folder.dataset_names():
+            for snapshot, into in ((folder.responses(name), responses),
+                                   (folder.failures(name), failures)):
+                if snapshot.path.is_file():
+                    into.setdefault(name, []).append(snapshot)
+    _warn_rescued(run.folders)
+    return RunSource(root, next((f.run_json for f in run.folders if f.run_json), {}), responses,
+                     failures, live=run.live, folders=run.folders, sessions=_sessions(run))
 
 
-def _warn_rescued(layouts: list[RunLayout]) -> None:
+def _warn_rescued(folders: list[RunFolder]) -> None:
     """Answers waiting in rescue files are not exported until a run adds them."""
-    for layout in layouts:
-        waiting = count_rescued(layout)
+    for folder in folders:
+        waiting = folder.rescued_count()
         if waiting:
             log.warning("%s: %d answers wait in rescue files (a write failed) and are not "
                         "exported; `draftgen run` with the run's config adds them",
-                        layout.root, waiting)
+                        folder.root, waiting)
 
 
-def _run_json(layout: RunLayout) -> dict[str, Any]:
-    try:
-        return read_run_json(layout.run_json)
-    except RunJsonDamaged as e:
-        raise SourceError(str(e)) from None
-    except OSError as e:
-        raise SourceError(f"{layout.run_json}: cannot read: {e}") from None
-
-
-def _sessions(parts: list[RunPart], run_jsons: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    sessions = []
-    for part, run_json in zip(parts, run_jsons, strict=True):
-        for s in run_json.get("sessions") or []:
-            if isinstance(s, dict):
-                sessions.append({**s, "shard": part.label} if is_sharded(parts) else s)
-    if is_sharded(parts):
+def _sessions(run: Run) -> list[dict[str, Any]]:
+    sessions = [{**s, "shard": f.part.label} if run.sharded else s
+                for f in run.folders for s in f.sessions]
+    if run.sharded:
         sessions.sort(key=lambda s: s.get("started_at") or 0.0)
     return sessions
 
 
-def iter_jsonl(snapshot: Snapshot, scan: FileScan, block: int = 1 << 20) -> Iterator[Record]:
+def iter_jsonl(snapshot: Snapshot, scan: LineScan) -> Iterator[Record]:
     """The JSON objects of a JSONL file up to its snapshot size, one at a time."""
-    with open(snapshot.path, "rb") as f:
-        remaining = snapshot.size
-        pending = b""
-        lineno = 0
-        while remaining > 0:
-            chunk = f.read(min(block, remaining))
-            if not chunk:
-                break  # the file shrank under us: read what there is
-            remaining -= len(chunk)
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()
-            for line in lines:
-                lineno += 1
-                record = _parse(line)
-                if record is None:
-                    if line.strip():
-                        scan.bad_lines.append(lineno)
-                    continue
-                yield record
-        scan.torn_tail_bytes = len(pending)
+    for lineno, line in complete_lines(snapshot, scan):
+        record = _parse(line)
+        if record is None:
+            if line.strip():
+                scan.bad_lines.append(lineno)
+            continue
+        yield record
 
 
 def _parse(line: bytes) -> Record | None:
@@ -242,7 +207,7 @@ def _parse(line: bytes) -> Record | None:
     return value if isinstance(value, dict) else None
 
 
-def report_scan(path: Path, scan: FileScan) -> None:
+def report_scan(path: Path, scan: LineScan) -> None:
     if scan.torn_tail_bytes:
         log.warning("%s: skipped a torn last line (%d bytes without a newline)", path,
                     scan.torn_tail_bytes)

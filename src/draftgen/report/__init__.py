@@ -12,8 +12,8 @@ from pathlib import Path
 from draftgen.errors import DraftgenError
 from draftgen.export.source import SourceError, open_run
 from draftgen.report.collect import RunStats, collect
-from draftgen.scale.shards import is_run_folder
 from draftgen.store.layout import FAILURES, RESPONSES
+from draftgen.store.shards import is_run_folder
 
 __all__ = ["ReportError", "ReportResult", "RunStats", "collect", "default_out", "write_report"]
 

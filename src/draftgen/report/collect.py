@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftgen.export.source import ReadCounts, RunSource, load_run_tokenizer
+from draftgen.tally import Tally
 
 SAMPLE_CAP = 200_000
 BIN_S = 60
@@ -48,12 +49,11 @@ class Reservoir:
 
 
 @dataclass
-class DatasetStats:
-    answers: int = 0
+class DatasetStats(Tally, ReadCounts):
+    """A dataset's answers (the `Tally`), what reading them skipped (`ReadCounts`), and their
+    distributions."""
+
     failures: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-    cost: float = 0.0
     finish: Counter[str] = field(default_factory=Counter)
     checks: Counter[str] = field(default_factory=Counter)
     sources: Counter[str] = field(default_factory=Counter)
@@ -61,18 +61,11 @@ class DatasetStats:
     reasoning_len: Reservoir = field(default_factory=lambda: Reservoir(seed=1))
     content_len: Reservoir = field(default_factory=lambda: Reservoir(seed=2))
     latency: Reservoir = field(default_factory=lambda: Reservoir(seed=3))
-    torn_tail_bytes: int = 0
-    bad_lines: int = 0
-    duplicates: int = 0
-    """Answers to prompts an earlier folder of a re-sharded run answered: left out."""
 
 
 @dataclass
-class BackendStats:
-    answers: int = 0
+class BackendStats(Tally):
     failures: int = 0
-    cost: float = 0.0
-    output_tokens: int = 0
     bins: dict[int, list[float]] = field(default_factory=dict)
     """Minute index → [answers, cost] in that minute."""
     latency: Reservoir = field(default_factory=lambda: Reservoir(seed=4))

@@ -1,10 +1,26 @@
-"""The run folder: append-only answer files, the lock, run.json, and the resume scan."""
+"""The run folder: append-only answer files, the lock, run.json, the resume scan, and reading a
+run back (`reader.Run`)."""
 
-from draftgen.store.appender import JsonlAppender, StoreError
-from draftgen.store.layout import RunLayout
-from draftgen.store.lock import RunLock, RunLocked, lock_holder
-from draftgen.store.resume import DatasetOnDisk, scan_dataset
-from draftgen.store.store import Store
+from typing import TYPE_CHECKING
+
+from draftgen.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from draftgen.store.appender import JsonlAppender, StoreError
+    from draftgen.store.layout import RunLayout
+    from draftgen.store.lock import RunLock, RunLocked, lock_holder
+    from draftgen.store.resume import DatasetOnDisk, scan_dataset
+    from draftgen.store.store import Store
+
+# Imported on first use: the config imports `draftgen.store.layout` (light) for its folder
+# names, which must not import numpy with the rest of the store.
+__getattr__ = lazy_exports(__name__, {
+    "draftgen.store.appender": ("JsonlAppender", "StoreError"),
+    "draftgen.store.layout": ("RunLayout",),
+    "draftgen.store.lock": ("RunLock", "RunLocked", "lock_holder"),
+    "draftgen.store.resume": ("DatasetOnDisk", "scan_dataset"),
+    "draftgen.store.store": ("Store",),
+})
 
 __all__ = [
     "DatasetOnDisk",

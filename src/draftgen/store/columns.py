@@ -23,12 +23,10 @@ import struct
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from draftgen.store.index import IndexEntry
+from draftgen.store.entry import IndexEntry
 
 ROW = np.dtype([
     ("end", "<i8"), ("iend", "<i8"), ("idh", "<u8"), ("t", "<f8"), ("cost", "<f8"),

@@ -13,59 +13,14 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 from draftgen.store.columns import ROW, id_hash, read_rows, sync_columns
+from draftgen.store.entry import IndexEntry, entry_for
 from draftgen.store.layout import COLUMNS
 
 log = logging.getLogger("draftgen.store")
-
-
-@dataclass(slots=True)
-class IndexEntry:
-    id: str
-    end: int
-    """Byte offset just past this record's line in responses.jsonl."""
-    backend: str | None
-    provider: str | None
-    out: int
-    """Output tokens stored (len(output_ids))."""
-    reasoning: int | None
-    cost: float
-    finish: str | None
-    check: str | None
-    t: float | None
-    lat: float | None
-    quant: str | None = None
-    """The upstream quantization (absent from indexes written before it was added)."""
-
-    def to_json(self) -> bytes:
-        return orjson.dumps({
-            "id": self.id, "end": self.end, "backend": self.backend, "provider": self.provider,
-            "out": self.out, "reasoning": self.reasoning, "cost": self.cost,
-            "finish": self.finish, "check": self.check, "t": self.t, "lat": self.lat,
-            "quant": self.quant,
-        }, option=orjson.OPT_APPEND_NEWLINE)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> IndexEntry:
-        g = data.get  # positional: a million entries are read at each resume
-        return cls(g("id"), g("end"), g("backend"), g("provider"), g("out"), g("reasoning"),
-                   g("cost"), g("finish"), g("check"), g("t"), g("lat"), g("quant"))
-
-
-def entry_for(record: dict[str, Any], end: int) -> IndexEntry:
-    usage = record.get("usage") or {}
-    return IndexEntry(
-        id=record["id"], end=end, backend=record.get("backend"),
-        provider=record.get("provider"), out=len(record.get("output_ids") or ()),
-        reasoning=usage.get("reasoning_tokens"), cost=float(record.get("cost_usd") or 0.0),
-        finish=record.get("finish_reason"), check=record.get("token_check"),
-        t=record.get("created_at"), lat=record.get("latency_s"),
-        quant=record.get("quantization"),
-    )
 
 
 def read_index(index_path: Path, data_path: Path, *, repair: bool

@@ -1,4 +1,5 @@
-"""Where things live in a run folder. Nothing outside `draftgen.store` writes in it."""
+"""Where things live in a run folder. Nothing outside `draftgen.store` writes in it. Light (no
+numpy): the config imports it for the names a dataset may not take."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ COLUMNS = "index.v1.bin"
 QUARANTINE = "quarantine.jsonl"
 JOURNAL = "journal.jsonl"
 CACHE = ".cache"
+SHARDS_DIR = "shards"
+"""Each shard's own run folder is SHARDS_DIR/I-of-N (`store.shards`); no dataset may take the
+name (the config refuses it)."""
 
 
 @dataclass(frozen=True, slots=True)

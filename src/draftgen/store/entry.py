@@ -1,0 +1,54 @@
+"""One line of a dataset's index (`store.index`) and its binary row (`store.columns`): what
+status, budgets and resume need of a record, and where the record ends in responses.jsonl."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(slots=True)
+class IndexEntry:
+    id: str
+    end: int
+    """Byte offset just past this record's line in responses.jsonl."""
+    backend: str | None
+    provider: str | None
+    out: int
+    """Output tokens stored (len(output_ids))."""
+    reasoning: int | None
+    cost: float
+    finish: str | None
+    check: str | None
+    t: float | None
+    lat: float | None
+    quant: str | None = None
+    """The upstream quantization (absent from indexes written before it was added)."""
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({
+            "id": self.id, "end": self.end, "backend": self.backend, "provider": self.provider,
+            "out": self.out, "reasoning": self.reasoning, "cost": self.cost,
+            "finish": self.finish, "check": self.check, "t": self.t, "lat": self.lat,
+            "quant": self.quant,
+        }, option=orjson.OPT_APPEND_NEWLINE)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> IndexEntry:
+        g = data.get  # positional: a million entries are read at each resume
+        return cls(g("id"), g("end"), g("backend"), g("provider"), g("out"), g("reasoning"),
+                   g("cost"), g("finish"), g("check"), g("t"), g("lat"), g("quant"))
+
+
+def entry_for(record: dict[str, Any], end: int) -> IndexEntry:
+    usage = record.get("usage") or {}
+    return IndexEntry(
+        id=record["id"], end=end, backend=record.get("backend"),
+        provider=record.get("provider"), out=len(record.get("output_ids") or ()),
+        reasoning=usage.get("reasoning_tokens"), cost=float(record.get("cost_usd") or 0.0),
+        finish=record.get("finish_reason"), check=record.get("token_check"),
+        t=record.get("created_at"), lat=record.get("latency_s"),
+        quant=record.get("quantization"),
+    )

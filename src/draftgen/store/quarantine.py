@@ -1,0 +1,218 @@
+"""Moving answers out of a dataset's responses.jsonl into quarantine.jsonl beside it (`draftgen
+audit --quarantine`: the audit decides which lines fail), so that the next `draftgen run` (which
+counts as done only what responses.jsonl holds) generates them again.
+
+No answer is ever lost, whatever moment a kill lands at: the kept lines are written to a temp
+file and fsynced, the moved ones are appended to quarantine.jsonl and fsynced, the index is
+removed, and only then does the temp file replace responses.jsonl (one rename); the index is
+rebuilt last. A kill before the rename leaves every answer in responses.jsonl (some perhaps also
+in quarantine.jsonl: moving them again does not copy them twice); after it, each answer is in
+exactly one of the two files. A missing index is rebuilt from the data by the next reader.
+The caller holds the folder's lock throughout (`locked`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import orjson
+
+from draftgen.errors import DraftgenError
+from draftgen.store.appender import StoreError
+from draftgen.store.entry import IndexEntry
+from draftgen.store.index import read_index, rewrite_index
+from draftgen.store.layout import RunLayout
+from draftgen.store.lock import RunLock, RunLocked, lock_holder
+from draftgen.store.resume import cut_torn_tail
+
+_COPY = 1 << 22
+
+
+class QuarantineError(DraftgenError):
+    """Quarantine refused (a live run, files changed since the audit); nothing was moved."""
+
+
+@dataclass(frozen=True, slots=True)
+class MovedLine:
+    """One line to move: its byte range in responses.jsonl and why it goes."""
+
+    start: int
+    end: int
+    problems: list[str]
+
+
+def refuse_live(folders: Sequence[Path], run_root: Path) -> None:
+    """QuarantineError naming the first folder a live run holds."""
+    for folder in folders:
+        holder = lock_holder(RunLayout(folder).lock)
+        if holder:
+            raise QuarantineError(
+                f"{folder}: a draftgen run is live on this folder (pid {holder.get('pid', '?')} "
+                f"on {holder.get('host', '?')}); stop it first (draftgen stop {run_root}), "
+                "then audit and quarantine again")
+
+
+@contextlib.contextmanager
+def locked(folders: Sequence[Path]) -> Iterator[None]:
+    """Every folder's run lock held (QuarantineError when a run holds one)."""
+    with contextlib.ExitStack() as held:
+        for folder in folders:
+            held.enter_context(_locked(RunLayout(folder)))
+        yield
+
+
+@contextlib.contextmanager
+def _locked(layout: RunLayout) -> Iterator[None]:
+    lock = RunLock(layout.lock)
+    try:
+        lock.acquire()
+    except (RunLocked, StoreError) as e:
+        raise QuarantineError(str(e)) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def check_unchanged(folder: Path, dataset: str, snapshot_size: int,
+                    lines: Sequence[MovedLine]) -> None:
+    """The lines must still be where the audit saw them: the file may only have grown
+    (answers appended after the audit are kept), and each range must be whole lines."""
+    path = RunLayout(folder).responses(dataset)
+    size = path.stat().st_size if path.exists() else 0
+    if size < snapshot_size:
+        raise QuarantineError(f"{path}: shorter than when it was audited ({size} < "
+                              f"{snapshot_size} bytes); audit again")
+    with open(path, "rb") as f:
+        for line in lines:
+            before = os.pread(f.fileno(), 1, line.start - 1) if line.start else b"\n"
+            if before != b"\n" or os.pread(f.fileno(), 1, line.end - 1) != b"\n":
+                raise QuarantineError(f"{path}: changed since it was audited; audit again")
+
+
+def move_lines(folder: Path, dataset: str, lines: Sequence[MovedLine]) -> tuple[int, int]:
+    """Move the lines (in file order) to quarantine.jsonl, each with its problems and the time;
+    how many were moved, and how many of those quarantine.jsonl already held (from an
+    interrupted move)."""
+    layout = RunLayout(folder)
+    path = layout.responses(dataset)
+    qpath = layout.quarantine(dataset)
+    entries, _ = read_index(layout.index(dataset), path, repair=False)
+    # A kill inside an earlier quarantine's write leaves a partial last line: cut it (kept in
+    # torn_tail.bin) so the lines appended now do not glue onto it. Its answer is still in
+    # responses.jsonl (the rename had not happened) and is moved again below.
+    cut_torn_tail(qpath, layout.torn(dataset))
+    known = _known_keys(qpath)
+    tmp = path.with_name(path.name + ".quarantine.tmp")
+    now = time.time()
+    already = 0
+    with open(path, "rb") as src, open(tmp, "wb") as kept, open(qpath, "ab") as quar:
+        pos = 0
+        for moved in lines:
+            _copy(src, kept, pos, moved.start)
+            src.seek(moved.start)
+            line, key = _quarantine_line(src.read(moved.end - moved.start), moved.problems, now)
+            if key is None or key not in known:
+                quar.write(line)
+            else:
+                already += 1
+            pos = moved.end
+        _copy(src, kept, pos, None)
+        for f in (kept, quar):
+            f.flush()
+            os.fsync(f.fileno())
+    new_entries = _shift(entries, [(m.start, m.end) for m in lines])
+    for p in (layout.index(dataset), layout.columns(dataset)):
+        p.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    rewrite_index(layout.index(dataset), new_entries)
+    return len(lines), already
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _key(record: Any) -> tuple[Any, ...] | None:
+    """What identifies a quarantined line: an answer's ID, time and request ID; for a line that
+    was not a record, its text."""
+    if not isinstance(record, dict):
+        return None
+    if record.get("id") is None and isinstance(record.get("line"), str):
+        return ("line", record["line"])
+    return (record.get("id"), record.get("created_at"), record.get("request_id"))
+
+
+def _known_keys(path: Path) -> set[tuple[Any, ...]]:
+    """Answers quarantine.jsonl already holds (quarantining again after a kill)."""
+    keys: set[tuple[Any, ...]] = set()
+    if not path.exists():
+        return keys
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                key = _key(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue
+            if key is not None:
+                keys.add(key)
+    return keys
+
+
+def _quarantine_line(line: bytes, problems: list[str], now: float
+                     ) -> tuple[bytes, tuple[Any, ...] | None]:
+    meta = {"problems": problems, "at": round(now, 3)}
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        record = None
+    if not isinstance(record, dict):
+        wrapped = {"id": None, "quarantine": meta,
+                   "line": line.rstrip(b"\n").decode("utf-8", "replace")}
+        return orjson.dumps(wrapped, option=orjson.OPT_APPEND_NEWLINE), _key(wrapped)
+    key = _key(record)
+    record["quarantine"] = meta
+    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE), key
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, start: int, stop: int | None) -> None:
+    src.seek(start)
+    left = None if stop is None else stop - start
+    while left is None or left > 0:
+        chunk = src.read(_COPY if left is None else min(_COPY, left))
+        if not chunk:
+            break
+        dst.write(chunk)
+        if left is not None:
+            left -= len(chunk)
+
+
+def _shift(entries: list[IndexEntry], removed: list[tuple[int, int]]) -> list[IndexEntry]:
+    """The index entries of the kept records, with their ends moved back by the bytes removed
+    before them."""
+    if not removed:
+        return entries
+    ends = np.array([e for _, e in removed], dtype=np.int64)
+    lengths = np.concatenate([[0], np.cumsum([e - s for s, e in removed], dtype=np.int64)])
+    entry_ends = np.array([e.end for e in entries], dtype=np.int64)
+    shifts = lengths[np.searchsorted(ends, entry_ends, side="right")]
+    gone = np.isin(entry_ends, ends)
+    out = []
+    for entry, shift, drop in zip(entries, shifts.tolist(), gone.tolist(), strict=True):
+        if not drop:
+            entry.end -= shift
+            out.append(entry)
+    return out
