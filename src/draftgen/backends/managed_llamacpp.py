@@ -66,6 +66,8 @@ _BIND_ERRORS = ("couldn't bind", "address already in use", "failed to bind")
 class ManagedServerError(DraftgenError):
     """A managed llama-server did not start (the message carries its log's tail)."""
 
+    exit_code = 1
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
