@@ -100,6 +100,7 @@ def _check_backend_keys(cfg: RunConfig) -> None:
 def _print_plan(plan: Plan) -> None:
     from rich.table import Table
 
+    from draftgen.config import LlamaCppConfig
     from draftgen.formats import FormatError
     from draftgen.runner import render_each
     from draftgen.tokenize import chunked
@@ -130,7 +131,8 @@ def _print_plan(plan: Plan) -> None:
         if ds.load.bad_rows > 10:
             out.print(f"  … and {ds.load.bad_rows - 10:,} more bad rows in {ds.name}")
     for b in plan.cfg.backends:
-        where = redact(b.url) if b.url else f"managed llama-server for {b.model}"
+        where = (f"managed llama-server for {b.model}" if isinstance(b, LlamaCppConfig)
+                 and b.starts_own_server else redact(b.url or ""))
         out.print(f"backend {b.name}: {b.type} {where} · concurrency {b.concurrency} · "
                   f"priority {b.priority}", highlight=False)
 

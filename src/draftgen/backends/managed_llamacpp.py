@@ -49,7 +49,7 @@ from typing import IO
 import aiohttp
 
 from draftgen.assets import llama_server_binary
-from draftgen.config import BackendConfig
+from draftgen.config import BackendConfig, LlamaCppConfig
 from draftgen.errors import DraftgenError
 from draftgen.gguf_meta import GGUFError, read_gguf_metadata
 
@@ -356,7 +356,7 @@ class ManagedServers:
         self._key_of: dict[str, tuple[str, tuple[str, ...]]] = {}
         groups: dict[tuple[str, tuple[str, ...]], list[BackendConfig]] = {}
         for b in self.backends:
-            if b.starts_own_server:
+            if isinstance(b, LlamaCppConfig) and b.model is not None and b.starts_own_server:
                 key = (str(Path(b.model).expanduser().resolve()), tuple(b.server_args))
                 groups.setdefault(key, []).append(b)
                 self._key_of[b.name] = key
