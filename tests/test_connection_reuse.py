@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from draftgen.backends import base, make_backend
-from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
+from draftgen.config import ModelConfig, SamplingConfig, parse_backend
 
 MODEL = ModelConfig(name="m", format="chatml", tokenizer="t.json")
 SAMPLING = SamplingConfig(max_tokens=8)
@@ -35,7 +35,8 @@ async def server() -> AsyncIterator[TestServer]:
 async def _ports(server: TestServer, pause_s: float, type_: str = "openai"
                  ) -> tuple[int, int, int]:
     backend = make_backend(
-        BackendConfig(name="b", type=type_, url=str(server.make_url(""))), MODEL, SAMPLING)
+        parse_backend({"name": "b", "type": type_, "url": str(server.make_url(""))}),
+        MODEL, SAMPLING)
     await backend.start()
     try:
         url = str(server.make_url("/port"))

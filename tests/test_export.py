@@ -122,7 +122,7 @@ def write_run(root: Path, tok: Tokenizer, sizes: dict[str, int]) -> Path:
             raw = _answer(fmt, tok, n, _kind(i), with_tool)
             rebuilt = fmt.rebuild_batch([raw])[0]
             backend = SimpleNamespace(name="openrouter" if i % 2 else "local-sglang",
-                                      cfg=SimpleNamespace(provider=None))
+                                      cfg=SimpleNamespace(provider_routing=None))
             record = make_record(prompt, input_ids, raw, rebuilt, backend,  # type: ignore[arg-type]
                                  raw.usage.cost or 0.0, 1.0 + (i % 9) * 0.7, i % 3,
                                  cost_source="reported" if raw.usage.cost else "priced")

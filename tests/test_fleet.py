@@ -34,7 +34,7 @@ from draftgen.backends import router as router_module
 from draftgen.backends.base import error_from_http
 from draftgen.backends.managed_llamacpp import ManagedLlamaServer, free_port, tail
 from draftgen.backends.router import healthy_workers, server_root
-from draftgen.config import BackendConfig, FleetConfig
+from draftgen.config import FleetConfig, parse_backend
 from draftgen.runner import Outcome
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import (
@@ -142,14 +142,14 @@ def workers(n: int, *args: str, ports: list[int] | None = None) -> Iterator[list
 def test_fleet_config_refuses_contradictions() -> None:
     base = {"name": "f", "type": "sglang", "url": "http://127.0.0.1:1"}
     with pytest.raises(ValueError, match=r"concurrency or fleet\.slots_per_worker"):
-        BackendConfig.model_validate({**base, "concurrency": 8,
+        parse_backend({**base, "concurrency": 8,
                                       "fleet": {"slots_per_worker": 4}})
     with pytest.raises(ValueError, match="not both"):
         FleetConfig(workers=2, wait_for_workers=2)
     with pytest.raises(ValueError, match="fleet: needs url"):
-        BackendConfig.model_validate({"name": "f", "type": "llamacpp", "model": "x.gguf",
+        parse_backend({"name": "f", "type": "llamacpp", "model": "x.gguf",
                                       "fleet": {}})
-    ok = BackendConfig.model_validate({**base, "fleet": {"slots_per_worker": 4}})
+    ok = parse_backend({**base, "fleet": {"slots_per_worker": 4}})
     assert ok.fleet is not None and ok.fleet.wait_for_workers is None
 
 

@@ -41,7 +41,15 @@ from draftgen.backends.managed_llamacpp import (
     ManagedServers,
     default_threads,
 )
-from draftgen.config import BackendConfig, ConfigError, ModelConfig, SamplingConfig
+from draftgen.config import (
+    BackendConfig,
+    ConfigError,
+    LlamaCppConfig,
+    ModelConfig,
+    OpenAIConfig,
+    SamplingConfig,
+    parse_backend,
+)
 from draftgen.formats import Format, get_format
 from draftgen.tokenize import Tokenizer, load_gguf_tokenizer
 from draftgen.types import BackendError, Prompt
@@ -51,7 +59,7 @@ from tests.engine import engine_missing, engine_required
 
 
 def _backend(**kw: Any) -> BackendConfig:
-    return BackendConfig.model_validate({"name": "b", **kw})
+    return parse_backend({"name": "b", **kw})
 
 
 def test_config_llamacpp_url_or_model() -> None:
@@ -280,11 +288,11 @@ async def test_managed_servers_share_and_resolve(fake_binary: Path, model_file: 
                                                  tmp_path: Path) -> None:
     backends = [
         _backend(type="llamacpp", model=str(model_file), concurrency=2),
-        BackendConfig(name="c", type="llamacpp", model=str(model_file), endpoint="chat",
-                      concurrency=3),
-        BackendConfig(name="remote", type="openai", url="http://h:1"),
-        BackendConfig(name="other", type="llamacpp", model=str(model_file),
-                      server_args=["--threads", "1"], concurrency=1),
+        LlamaCppConfig(name="c", type="llamacpp", model=str(model_file), endpoint="chat",
+                       concurrency=3),
+        OpenAIConfig(name="remote", type="openai", url="http://h:1"),
+        LlamaCppConfig(name="other", type="llamacpp", model=str(model_file),
+                       server_args=["--threads", "1"], concurrency=1),
     ]
     managed = ManagedServers(backends, run_dir=tmp_path / "run", max_tokens=10,
                              binary=fake_binary)
@@ -375,9 +383,9 @@ async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Engi
     assert GGUF is not None
     run_dir = tmp_path_factory.mktemp("llamacpp-run")
     backends = [
-        BackendConfig(name="native", type="llamacpp", model=str(GGUF), concurrency=2),
-        BackendConfig(name="chat", type="llamacpp", model=str(GGUF), endpoint="chat",
-                      concurrency=2),
+        LlamaCppConfig(name="native", type="llamacpp", model=str(GGUF), concurrency=2),
+        LlamaCppConfig(name="chat", type="llamacpp", model=str(GGUF), endpoint="chat",
+                       concurrency=2),
     ]
     tok = load_gguf_tokenizer(GGUF)
     managed = ManagedServers(backends, run_dir=run_dir, max_tokens=GREEDY.max_tokens,

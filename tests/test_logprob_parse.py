@@ -20,7 +20,7 @@ from draftgen.backends.openai_chat import (
     answer_from_body,
     answer_from_json,
 )
-from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
+from draftgen.config import ModelConfig, SamplingConfig, parse_backend
 from draftgen.formats import get_format
 from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
@@ -82,7 +82,7 @@ def _streamed(body: bytes) -> RawAnswer:
 
 
 def _backend(type_: str, **kw: Any) -> Any:
-    cfg = BackendConfig(name="b", type=type_, url="http://127.0.0.1:1", **kw)
+    cfg = parse_backend({"name": "b", "type": type_, "url": "http://127.0.0.1:1", **kw})
     return make_backend(cfg, MODEL, SamplingConfig())
 
 

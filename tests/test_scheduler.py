@@ -6,7 +6,7 @@ import math
 import pytest
 
 from draftgen.backends import make_backend
-from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
+from draftgen.config import ModelConfig, OpenAIConfig, SamplingConfig
 from draftgen.scheduler import (
     PAUSE_LOG_INTERVAL_S,
     TOOLS,
@@ -22,8 +22,8 @@ MODEL = ModelConfig(name="m", format="qwen3", tokenizer="unused")
 
 
 def _backend(name: str, concurrency: int, priority: int = 0, **kw):
-    cfg = BackendConfig(name=name, type="openai", url="http://127.0.0.1:1",
-                        concurrency=concurrency, priority=priority, **kw)
+    cfg = OpenAIConfig(name=name, type="openai", url="http://127.0.0.1:1",
+                       concurrency=concurrency, priority=priority, **kw)
     return make_backend(cfg, MODEL, SamplingConfig())
 
 
@@ -102,8 +102,8 @@ class _Flaky:
     """A backend double whose send fails with the given errors, then answers."""
 
     def __init__(self, errors: list[BackendError], **cfg) -> None:
-        self.cfg = BackendConfig(name="f", type="openai", url="http://127.0.0.1:1",
-                                 backoff_base_s=0.001, backoff_max_s=0.01, **cfg)
+        self.cfg = OpenAIConfig(name="f", type="openai", url="http://127.0.0.1:1",
+                                backoff_base_s=0.001, backoff_max_s=0.01, **cfg)
         self.name = "f"
         self.errors = list(errors)
         self.calls = 0

@@ -18,9 +18,12 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import orjson
 import typer
+from typer.core import TyperGroup
 
+from draftgen.errors import DraftgenError
 from draftgen.export.options import ExportFormat, MinCheck, Overlong
 from draftgen.probe.options import DEFAULT_MAX_TOKENS, ProbeOptions
 from draftgen.redact import RedactingFilter, redact
@@ -32,7 +35,19 @@ if TYPE_CHECKING:
     from draftgen.runner import Plan
     from draftgen.scale.shards import ShardSpec
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+
+class _Commands(TyperGroup):
+    """The commands, each of which reports a `DraftgenError` it stops on as one line and exits
+    with the error's `exit_code`; any other exception is a bug and keeps its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DraftgenError as e:
+            raise _fail(str(e), e.exit_code) from None
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
                   help="Token-exact training data for speculative-decoding draft models.")
 log = logging.getLogger("draftgen")
 
@@ -49,21 +64,6 @@ def _console(**options: Any) -> Console:
 def _stderr() -> Console:
     """The console of progress, messages and errors."""
     return _console(stderr=True, soft_wrap=True)
-
-
-@cache
-def _user_errors() -> tuple[type[Exception], ...]:
-    """The errors reported as one line, without a traceback: a bad config, dataset, model
-    format or tokenizer, a locked or unwritable run folder. A function, so that their modules
-    are imported when an error is caught (a command that can raise them has imported them
-    already), not when the tool starts."""
-    from draftgen.config import ConfigError
-    from draftgen.datasets import DatasetError
-    from draftgen.formats import FormatError
-    from draftgen.store import RunLocked, StoreError
-    from draftgen.tokenize import TokenizerError
-
-    return (ConfigError, DatasetError, FormatError, TokenizerError, RunLocked, StoreError)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -100,6 +100,7 @@ def _check_backend_keys(cfg: RunConfig) -> None:
 def _print_plan(plan: Plan) -> None:
     from rich.table import Table
 
+    from draftgen.config import LlamaCppConfig
     from draftgen.formats import FormatError
     from draftgen.runner import render_each
     from draftgen.tokenize import chunked
@@ -130,7 +131,8 @@ def _print_plan(plan: Plan) -> None:
         if ds.load.bad_rows > 10:
             out.print(f"  … and {ds.load.bad_rows - 10:,} more bad rows in {ds.name}")
     for b in plan.cfg.backends:
-        where = redact(b.url) if b.url else f"managed llama-server for {b.model}"
+        where = (f"managed llama-server for {b.model}" if isinstance(b, LlamaCppConfig)
+                 and b.starts_own_server else redact(b.url or ""))
         out.print(f"backend {b.name}: {b.type} {where} · concurrency {b.concurrency} · "
                   f"priority {b.priority}", highlight=False)
 
@@ -202,21 +204,18 @@ def run(
     if ray is not None:
         raise typer.Exit(_run_on_ray(config, ray, ray_address,
                                      live=False if no_live else None, probe=probe))
-    try:
-        cfg = load_config(config)
-        _check_backend_keys(cfg)
-        plan = prepare(cfg, shard=spec)
-        if dry_run:
-            _print_plan(plan)
-            _warn_if_template_disagrees(plan.fmt)
-            if spec is not None:
-                _print_shard(plan, spec)
-            return
-        # asyncio's event loop, or uvloop's with DRAFTGEN_UVLOOP=1: see draftgen.perf.run
-        outcome = perf.run(Runner(plan, live_display=False if no_live else None, probe=probe,
-                                  accept_changed_settings=accept_changed_settings).execute())
-    except _user_errors() as e:
-        raise _fail(str(e)) from None
+    cfg = load_config(config)
+    _check_backend_keys(cfg)
+    plan = prepare(cfg, shard=spec)
+    if dry_run:
+        _print_plan(plan)
+        _warn_if_template_disagrees(plan.fmt)
+        if spec is not None:
+            _print_shard(plan, spec)
+        return
+    # asyncio's event loop, or uvloop's with DRAFTGEN_UVLOOP=1: see draftgen.perf.run
+    outcome = perf.run(Runner(plan, live_display=False if no_live else None, probe=probe,
+                              accept_changed_settings=accept_changed_settings).execute())
     counters = outcome.counters
     if counters is not None:
         t = counters.total()
@@ -235,7 +234,7 @@ def run(
 def _shard_spec(shard: str | None, ray: int | None, ray_address: str | None,
                 dry_run: bool) -> ShardSpec | None:
     """--shard parsed; --ray and --ray-address checked against the other options."""
-    from draftgen.scale.shards import ShardError, ShardSpec
+    from draftgen.scale.shards import ShardSpec
 
     if ray is not None and shard is not None:
         raise _fail("--ray runs every shard itself: drop --shard")
@@ -243,10 +242,7 @@ def _shard_spec(shard: str | None, ray: int | None, ray_address: str | None,
         raise _fail("--dry-run sends nothing: drop --ray (or run --dry-run --shard I/N)")
     if ray_address is not None and ray is None:
         raise _fail("--ray-address needs --ray N")
-    try:
-        return ShardSpec.parse(shard) if shard is not None else None
-    except ShardError as e:
-        raise _fail(str(e)) from None
+    return ShardSpec.parse(shard) if shard is not None else None
 
 
 def _check_procs_options(spec: ShardSpec | None, ray: int | None, dry_run: bool) -> None:
@@ -260,10 +256,7 @@ def _run_local(config: Path, procs: int, *, probe: ProbeOptions | None, verbose:
     """`run --procs N`: the exit status of the N shard processes."""
     from draftgen.scale.local import run_local
 
-    try:
-        return run_local(config, procs=procs, probe=probe, verbose=verbose)
-    except _user_errors() as e:
-        raise _fail(str(e)) from None
+    return run_local(config, procs=procs, probe=probe, verbose=verbose)
 
 
 def _run_on_ray(config: Path, shards: int, address: str | None, *, live: bool | None,
@@ -274,10 +267,7 @@ def _run_on_ray(config: Path, shards: int, address: str | None, *, live: bool | 
         from draftgen.scale.ray_run import run_on_ray
     except ImportError as e:
         raise _fail(f"--ray needs Ray: {e}") from None
-    try:
-        return run_on_ray(config, shards=shards, address=address, live=live, probe=probe)
-    except _user_errors() as e:
-        raise _fail(str(e)) from None
+    return run_on_ray(config, shards=shards, address=address, live=live, probe=probe)
 
 
 def _print_shard(plan: Plan, spec: ShardSpec) -> None:
@@ -309,11 +299,8 @@ def probe(
     when a backend is unsafe."""
     import asyncio
 
-    from draftgen.backends import BackendNotReady
-    from draftgen.backends.managed_llamacpp import ManagedServerError
     from draftgen.config import load_config
     from draftgen.probe.command import (
-        ProbeStopped,
         load_format,
         probe_until_stopped,
         save_results,
@@ -322,20 +309,13 @@ def probe(
     from draftgen.probe.show import print_results, to_json
 
     _setup_logging(verbose)
-    try:
-        cfg = select_backends(load_config(config), backend)
-        _check_backend_keys(cfg)
-        fmt = load_format(cfg)
-        _warn_if_template_disagrees(fmt)
-        results = asyncio.run(probe_until_stopped(cfg, fmt,
-                                                  ProbeOptions(max_tokens=max_tokens)))
-        note = save_results(cfg, results) if save else None
-    except _user_errors() as e:
-        raise _fail(str(e)) from None
-    except (ManagedServerError, BackendNotReady) as e:
-        raise _fail(str(e), code=1) from None
-    except ProbeStopped as e:
-        raise _fail(str(e), code=130) from None
+    cfg = select_backends(load_config(config), backend)
+    _check_backend_keys(cfg)
+    fmt = load_format(cfg)
+    _warn_if_template_disagrees(fmt)
+    results = asyncio.run(probe_until_stopped(cfg, fmt,
+                                              ProbeOptions(max_tokens=max_tokens)))
+    note = save_results(cfg, results) if save else None
     if as_json:
         sys.stdout.write(orjson.dumps(to_json(results), option=orjson.OPT_INDENT_2).decode()
                          + "\n")
@@ -366,19 +346,16 @@ def check_format(
     from draftgen.probe.command import load_format
 
     _setup_logging(verbose)
-    try:
-        cfg = load_config(config)
-        fmt = load_format(cfg)
-        template = check.model_template(fmt)
-        if template is None:
-            raise _fail(f"{tokenizer_folder(fmt.tokenizer)} has no chat template "
-                        "(chat_template.jinja or tokenizer_config.json's chat_template)")
-        results = check.compare_samples(fmt, template)
-        for ds in cfg.datasets:
-            results += check.compare_prompts(fmt, template,
-                                             check.first_rows(iter_prompts(ds), rows))
-    except _user_errors() as e:
-        raise _fail(str(e)) from None
+    cfg = load_config(config)
+    fmt = load_format(cfg)
+    template = check.model_template(fmt)
+    if template is None:
+        raise _fail(f"{tokenizer_folder(fmt.tokenizer)} has no chat template "
+                    "(chat_template.jinja or tokenizer_config.json's chat_template)")
+    results = check.compare_samples(fmt, template)
+    for ds in cfg.datasets:
+        results += check.compare_prompts(fmt, template,
+                                         check.first_rows(iter_prompts(ds), rows))
     out = _console(soft_wrap=True)
     out.print(f"format {fmt.name} vs the chat template in {tokenizer_folder(fmt.tokenizer)}",
               highlight=False, markup=False)
@@ -482,24 +459,21 @@ def export(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Write a run's answers for a draft-model trainer: exact token IDs, checked loss masks."""
-    from draftgen.export import ExportError, ExportOptions, export_run
+    from draftgen.export import ExportOptions, export_run
     from draftgen.export.options import parse_pairs
     from draftgen.export.summary import print_summary
 
     _setup_logging(verbose)
-    try:
-        opts = ExportOptions(
-            format=fmt, out=out, datasets=dataset or None,
-            caps=parse_pairs(cap, "--cap", int), weights=parse_pairs(weight, "--weight", float),
-            exclude_truncated=exclude_truncated,
-            min_check=MinCheck.exact if exact_only else min_check, checks=checks,
-            max_len=max_len, overlong=overlong, seed=seed, shuffle=shuffle,
-            val_fraction=val_fraction, jsonl=jsonl, text=text, tokenizer=tokenizer,
-            overwrite=overwrite, skip_broken=skip_broken,
-        )
-        summary = export_run(run_dir, opts)
-    except ExportError as e:
-        raise _fail(str(e), code=1) from None
+    opts = ExportOptions(
+        format=fmt, out=out, datasets=dataset or None,
+        caps=parse_pairs(cap, "--cap", int), weights=parse_pairs(weight, "--weight", float),
+        exclude_truncated=exclude_truncated,
+        min_check=MinCheck.exact if exact_only else min_check, checks=checks,
+        max_len=max_len, overlong=overlong, seed=seed, shuffle=shuffle,
+        val_fraction=val_fraction, jsonl=jsonl, text=text, tokenizer=tokenizer,
+        overwrite=overwrite, skip_broken=skip_broken,
+    )
+    summary = export_run(run_dir, opts)
     print_summary(summary, _console())
     if summary.written() == 0:
         raise _fail("no row was written: every answer was excluded (see above)", code=1)
@@ -514,13 +488,10 @@ def report(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Write an HTML report of a run (spend, lengths, checks, latency, failures) with PNGs."""
-    from draftgen.report import ReportError, write_report
+    from draftgen.report import write_report
 
     _setup_logging(verbose)
-    try:
-        result = write_report(run_dir, out)
-    except ReportError as e:
-        raise _fail(str(e)) from None
+    result = write_report(run_dir, out)
     stats = result.stats
     _console().print(f"report of {stats.answers:,} answers (${stats.cost:.4f}) → {result.index} "
                      f"(+ {len(result.pngs)} PNGs)", highlight=False, soft_wrap=True)
@@ -533,12 +504,9 @@ def status(
 ) -> None:
     """How far a run got: live, stopped or killed. Done, failed, skipped, pending, in flight,
     tokens, cost, rates. Reads only; never disturbs a live run."""
-    from draftgen.status import StatusError, collect_status, print_status
+    from draftgen.status import collect_status, print_status
 
-    try:
-        st = collect_status(run_dir)
-    except StatusError as e:
-        raise _fail(str(e)) from None
+    st = collect_status(run_dir)
     print_status(st, as_json)
 
 
@@ -558,8 +526,7 @@ def audit(
     """Check every answer's tokens against the run's model format. Stop and reasoning tokens, tool
     tokens, prompt IDs, decoded text, token_check claims, provider routing, duplicate IDs. Exit
     status 1 when any answer fails."""
-    from draftgen.audit import AuditError, audit_run, render_report
-    from draftgen.audit.quarantine import QuarantineError
+    from draftgen.audit import audit_run, render_report
     from draftgen.audit.quarantine import quarantine as move_failing
     from draftgen.store.shards import live_parts, run_parts
 
@@ -570,12 +537,9 @@ def audit(
             part, holder = held[0]
             raise _fail(f"{part.folder}: a draftgen run is live on this folder (pid "
                         f"{holder.get('pid', '?')}); stop it first (draftgen stop {run_dir})")
-    try:
-        report = audit_run(run_dir, workers=workers, tokenizer=tokenizer,
-                           progress=None if as_json else _audit_progress())
-        moved = move_failing(report) if quarantine and not report.ok else None
-    except (AuditError, QuarantineError) as e:
-        raise _fail(str(e)) from None
+    report = audit_run(run_dir, workers=workers, tokenizer=tokenizer,
+                       progress=None if as_json else _audit_progress())
+    moved = move_failing(report) if quarantine and not report.ok else None
     data = report.as_json()
     if moved is not None:
         data["quarantined"] = moved.moved

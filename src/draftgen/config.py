@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 import orjson
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
 from draftgen.assets import resolve_builtin
 from draftgen.errors import DraftgenError
@@ -136,19 +150,14 @@ class FleetConfig(_Strict):
         return self
 
 
-class BackendConfig(_Strict):
+class BackendConfigBase(_Strict):
+    """What every backend type takes. Each type's model (`BACKEND_TYPES`) adds its own keys; a
+    key of another type is refused, naming the types it belongs to."""
+
     name: str
     type: BackendType
     url: str | None = None
     """The server's base URL. A `llamacpp` backend may give `model` instead."""
-    endpoint: Literal["native", "chat"] = "native"
-    """`llamacpp` only: "native" (`/completion`, prompt as IDs, engine IDs back) or "chat"
-    (OpenAI `/v1/chat/completions`, IDs recoverable from logprobs)."""
-    model: str | None = None
-    """`llamacpp` only: a GGUF file; draftgen starts and stops its own llama-server for it
-    (backends with the same model and server_args share one server)."""
-    server_args: list[str] = Field(default_factory=list)
-    """`llamacpp` with `model` only: extra llama-server flags (e.g. ["--threads", "4"])."""
     api_key_env: str | None = None
     concurrency: int = Field(64, gt=0)
     priority: int = 0
@@ -163,14 +172,6 @@ class BackendConfig(_Strict):
     cooldown_s: float = Field(30.0, ge=0)
     """Lower runs first: a backend gets work only when every backend of a lower priority is
     saturated."""
-    provider: dict[str, Any] | None = None
-    """OpenRouter provider routing object, passed through unchanged."""
-    reasoning: dict[str, Any] | None = None
-    """OpenRouter `reasoning` request object; default {"enabled": true} on openrouter."""
-    stream: bool = False
-    logprobs: bool = True
-    """Chat backends: ask for per-token logprobs, from which the sampled token IDs are
-    recovered exactly where they cover the whole answer."""
     timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(30.0, gt=0)
     max_retries: int = Field(6, ge=0)
@@ -188,12 +189,11 @@ class BackendConfig(_Strict):
     """`url` is a router or data-parallel endpoint: wait for its workers at start and size
     `concurrency` from them (`fleet.slots_per_worker`)."""
 
-    _no_managed_keys = field_validator("extra_body")(_refuse_managed_keys)
+    bills_by_default: ClassVar[bool] = False
+    """Whether a backend of this type bills when the config says neither `paid` nor
+    `api_key_env` (see `is_paid`)."""
 
-    @field_validator("model")
-    @classmethod
-    def _resolve_model(cls, path: str | None) -> str | None:
-        return resolve_builtin(path) if path is not None else None
+    _no_managed_keys = field_validator("extra_body")(_refuse_managed_keys)
 
     @field_validator("url")
     @classmethod
@@ -205,21 +205,15 @@ class BackendConfig(_Strict):
         return url.rstrip("/")
 
     @model_validator(mode="after")
-    def _url_or_model(self) -> BackendConfig:
-        if self.type != "llamacpp":
-            for key, default in (("model", None), ("server_args", []), ("endpoint", "native")):
-                if getattr(self, key) != default:
-                    raise ValueError(f"{key}: only for type llamacpp")
-            if self.url is None:
-                raise ValueError("url: required")
-        elif (self.url is None) == (self.model is None):
-            raise ValueError("llamacpp: give exactly one of url (a running llama-server) "
-                             "or model (a GGUF file: draftgen starts the server)")
-        elif self.server_args and self.model is None:
-            raise ValueError("server_args: only with model (a server draftgen starts)")
+    def _where_it_answers(self) -> Self:
+        self._check_url()
         if self.fleet is not None:
             self._check_fleet(self.fleet)
         return self
+
+    def _check_url(self) -> None:
+        if self.url is None:
+            raise ValueError("url: required")
 
     def _check_fleet(self, fleet: FleetConfig) -> None:
         if self.url is None:
@@ -228,16 +222,39 @@ class BackendConfig(_Strict):
             raise ValueError("give concurrency or fleet.slots_per_worker (concurrency = "
                              "workers × slots_per_worker), not both")
 
+    @model_serializer(mode="wrap")
+    def _with_every_type_key(self, handler: SerializerFunctionWrapHandler,
+                             info: SerializationInfo) -> Any:
+        """Dumped with every backend type's keys, the other types' at their defaults: the
+        backend's entry in run.json and the probe's cache key read as they did when one model
+        held every key."""
+        data = handler(self)
+        if not isinstance(data, dict) or info.exclude_unset or info.exclude_defaults:
+            return data
+        for key, default in _EVERY_TYPE_DEFAULTS.items():
+            if key in data or (info.exclude_none and default is None) \
+                    or (info.include is not None and key not in info.include) \
+                    or (info.exclude is not None and key in info.exclude):
+                continue
+            data[key] = copy.deepcopy(default)
+        return data
+
     @property
     def starts_own_server(self) -> bool:
-        """A `llamacpp` backend given `model:` and no `url`: draftgen starts its llama-server."""
-        return self.type == "llamacpp" and self.model is not None and self.url is None
+        """draftgen starts this backend's server itself (a `llamacpp` backend given `model:`)."""
+        return False
+
+    @property
+    def provider_routing(self) -> dict[str, Any] | None:
+        """The provider routing object sent with each request and checked against who served
+        each answer; None for a type without provider routing."""
+        return None
 
     @property
     def is_paid(self) -> bool:
         if self.paid is not None:
             return self.paid
-        return self.type == "openrouter" or self.api_key_env is not None
+        return self.bills_by_default or self.api_key_env is not None
 
     def api_key(self) -> str | None:
         """The key from the environment; a named but unset variable is an error."""
@@ -273,6 +290,119 @@ class SamplingChoice(_Strict):
         """The sampling keys this choice sets (its weight and unset keys left out)."""
         return {k: v for k, v in self.model_dump(exclude={"weight"}).items()
                 if v is not None and v != {}}
+
+
+class SGLangConfig(BackendConfigBase):
+    """SGLang's native `/generate`: prompt IDs in, sampled IDs out."""
+
+    type: Literal["sglang"]
+
+
+class ChatBackendConfig(BackendConfigBase):
+    """What the OpenAI-compatible chat endpoints take (and llama.cpp's, with `endpoint: chat`)."""
+
+    reasoning: dict[str, Any] | None = None
+    """The `reasoning` request object; default {"enabled": true} on openrouter."""
+    stream: bool = False
+    logprobs: bool = True
+    """Chat backends: ask for per-token logprobs, from which the sampled token IDs are
+    recovered exactly where they cover the whole answer."""
+
+    @property
+    def request_reasoning(self) -> dict[str, Any] | None:
+        """The `reasoning` object each request carries (None: none)."""
+        return self.reasoning
+
+
+class OpenAIConfig(ChatBackendConfig):
+    type: Literal["openai"]
+
+
+class VLLMConfig(ChatBackendConfig):
+    type: Literal["vllm"]
+
+
+class OpenRouterConfig(ChatBackendConfig):
+    type: Literal["openrouter"]
+    provider: dict[str, Any] | None = None
+    """OpenRouter provider routing object, passed through unchanged."""
+
+    bills_by_default: ClassVar[bool] = True
+
+    @property
+    def provider_routing(self) -> dict[str, Any] | None:
+        return self.provider
+
+    @property
+    def request_reasoning(self) -> dict[str, Any] | None:
+        return self.reasoning or {"enabled": True}
+
+
+class LlamaCppConfig(ChatBackendConfig):
+    """llama.cpp's `llama-server`: one that runs (`url`) or one draftgen starts (`model`)."""
+
+    type: Literal["llamacpp"]
+    endpoint: Literal["native", "chat"] = "native"
+    """"native" (`/completion`, prompt as IDs, engine IDs back) or "chat" (OpenAI
+    `/v1/chat/completions`, IDs recoverable from logprobs)."""
+    model: str | None = None
+    """A GGUF file; draftgen starts and stops its own llama-server for it (backends with the
+    same model and server_args share one server)."""
+    server_args: list[str] = Field(default_factory=list)
+    """With `model` only: extra llama-server flags (e.g. ["--threads", "4"])."""
+
+    @field_validator("model")
+    @classmethod
+    def _resolve_model(cls, path: str | None) -> str | None:
+        return resolve_builtin(path) if path is not None else None
+
+    def _check_url(self) -> None:
+        if (self.url is None) == (self.model is None):
+            raise ValueError("llamacpp: give exactly one of url (a running llama-server) "
+                             "or model (a GGUF file: draftgen starts the server)")
+        if self.server_args and self.model is None:
+            raise ValueError("server_args: only with model (a server draftgen starts)")
+
+    @property
+    def starts_own_server(self) -> bool:
+        return self.model is not None and self.url is None
+
+
+BACKEND_TYPES: dict[str, type[BackendConfigBase]] = {
+    "openai": OpenAIConfig, "openrouter": OpenRouterConfig, "vllm": VLLMConfig,
+    "sglang": SGLangConfig, "llamacpp": LlamaCppConfig,
+}
+"""Each backend type's config model: `type` picks it (see `BackendConfig`)."""
+
+BackendConfig = Annotated[
+    OpenAIConfig | OpenRouterConfig | VLLMConfig | SGLangConfig | LlamaCppConfig,
+    Field(discriminator="type"),
+]
+"""One backend of run.yaml, as the model its `type` picks."""
+
+_BACKEND_ADAPTER: TypeAdapter[BackendConfig] = TypeAdapter(BackendConfig)
+
+
+def parse_backend(data: Mapping[str, Any]) -> BackendConfig:
+    """One backend's config validated by its type's model (pydantic's ValidationError else)."""
+    return _BACKEND_ADAPTER.validate_python(data)
+
+
+def _defaults_of_every_type() -> dict[str, Any]:
+    defaults: dict[str, Any] = {}
+    for model in BACKEND_TYPES.values():
+        for key, field in model.model_fields.items():
+            if not field.is_required():
+                defaults.setdefault(key, field.get_default(call_default_factory=True))
+    return defaults
+
+
+_EVERY_TYPE_DEFAULTS = _defaults_of_every_type()
+"""Each key of any backend type and its default (the same in every type that has it)."""
+
+
+def _types_with_key(key: str) -> list[str]:
+    return [name for name, model in BACKEND_TYPES.items() if key in model.model_fields]
 
 
 class DatasetConfig(_Strict):
@@ -357,15 +487,49 @@ class RunConfig(_Strict):
         return redact_value(data)
 
 
-def _format_validation_error(path: Path, err: ValidationError) -> str:
+def _format_validation_error(path: Path, err: ValidationError, data: Any) -> str:
     lines = [f"{path}: invalid config"]
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
+        loc, msg = (e["loc"], e["msg"]) if e["loc"][:1] != ("backends",) \
+            else _backend_error(e, data)
+        if e["type"] == "extra_forbidden" and msg == e["msg"]:
             msg = "unknown key (typo?)"
+        where = ".".join(str(p) for p in loc) or "(top level)"
         lines.append(f"  {where}: {msg}")
     return "\n".join(lines)
+
+
+def _backend_error(e: ErrorDetails, data: Any) -> tuple[tuple[int | str, ...], str]:
+    """An error under `backends`, where and what, as if one model held every backend type's
+    keys: without the type pydantic puts in the location (`backends.0.sglang.provider`), a
+    missing or unknown type said of `type`, and another type's key named as such."""
+    loc, msg = e["loc"], e["msg"]
+    if e["type"] == "union_tag_not_found":
+        return (*loc, "type"), "Field required"
+    if e["type"] == "union_tag_invalid":
+        return (*loc, "type"), "Input should be " + _either([repr(t) for t in BACKEND_TYPES])
+    if len(loc) < 3 or loc[2] not in BACKEND_TYPES:
+        return loc, msg
+    backend_type, loc = loc[2], (*loc[:2], *loc[3:])
+    owners = _types_with_key(str(loc[-1])) if e["type"] == "extra_forbidden" else []
+    if len(loc) == 3 and owners:
+        msg = f"only for type {_either(owners)}; backend {_backend_name(data, loc[1])}" \
+              f"is type {backend_type}"
+    return loc, msg
+
+
+def _either(names: Sequence[str]) -> str:
+    """"a, b or c"."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
+def _backend_name(data: Any, index: int | str) -> str:
+    """`'NAME' ` of backend `index` of the raw config, where it has a name ('' if not)."""
+    try:
+        name = data["backends"][index]["name"]
+    except (KeyError, IndexError, TypeError):
+        return ""
+    return f"{name!r} " if isinstance(name, str) else ""
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -432,4 +596,4 @@ def load_config(path: str | Path) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(path, e)) from None
+        raise ConfigError(_format_validation_error(path, e, data)) from None

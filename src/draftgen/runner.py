@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from draftgen.audit.checks import routing_problems
-from draftgen.backends import Backend, BackendNotReady, make_backend
+from draftgen.backends import Backend, BackendNotReady, capabilities_of, make_backend
 from draftgen.backends.base import ON_GENERATION_ID
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
 from draftgen.budget import (
@@ -324,7 +324,7 @@ class Runner:
         """What the endpoints billed for a killed session's paid requests, by generation ID,
         where they were journaled with one and the backend can be asked (OpenRouter). Asked
         once, for at most ASK_BILLS_S; a bill not known by then stays at its worst case."""
-        configs = {b.name: b for b in self.cfg.backends if b.type == "openrouter"}
+        configs = {b.name: b for b in self.cfg.backends if capabilities_of(b).looks_up_bills}
         wanted = [r for r in left_open if r.gen and r.usd and r.backend in configs]
         if not wanted:
             return {}
@@ -810,7 +810,7 @@ class Runner:
         try:
             self._journal("sent", prompt, backend=backend.name, max_tokens=max_tokens,
                           **({"usd": round(reservation.usd, 9)} if reservation.usd else {}))
-            if reservation.usd and backend.cfg.type == "openrouter":  # this task's own context
+            if reservation.usd and backend.capabilities.looks_up_bills:  # this task's own context
                 ON_GENERATION_ID.set(lambda generation: self._on_generation_id(
                     prompt, attempts, generation))
             raw, retries = await send_with_retries(
@@ -1114,7 +1114,8 @@ def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: R
         flags.append("prompt_ids_differ_from_engine")
         input_ids = raw.prompt_ids  # what the engine actually saw
     served_by = {"provider": raw.provider, "quantization": raw.quantization}
-    flags.extend(f"{p}_by_config" for p in routing_problems(served_by, backend.cfg.provider))
+    routing = backend.cfg.provider_routing
+    flags.extend(f"{p}_by_config" for p in routing_problems(served_by, routing))
     record: dict[str, Any] = {
         "id": prompt.id,
         "dataset": prompt.dataset,

@@ -11,7 +11,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
 import orjson
@@ -32,8 +32,9 @@ IDLE_REUSE_S = 3.0
 closing at that moment fails with "Can not write request body" or a disconnect, so the cap is
 kept under ENGINE_IDLE_CLOSE_S with room for event-loop lag. A busy run never idles that long."""
 HOSTED_IDLE_REUSE_S = 60.0
-"""The same for OpenRouter, which keeps idle connections far longer: after each pause (a
-rate limit, the $/minute budget) thousands of TLS handshakes would cost CPU for nothing."""
+"""The same for a hosted API (`Capabilities.hosted`: OpenRouter), which keeps idle connections
+far longer: after each pause (a rate limit, the $/minute budget) thousands of TLS handshakes
+would cost CPU for nothing."""
 
 ON_GENERATION_ID: contextvars.ContextVar[Callable[[str], None] | None] = \
     contextvars.ContextVar("draftgen_on_generation_id", default=None)
@@ -53,17 +54,31 @@ def note_generation_id(headers: Mapping[str, str]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
+    """What a backend type's endpoint does, set once per backend class (`capabilities`) and
+    read wherever behaviour depends on it, never the config's `type`. What only one API can be
+    asked (a price listing, a bill) is a method the backend class overrides."""
+
     native_ids: bool
-    """The backend reports the sampled token IDs."""
+    """The backend reports the sampled token IDs (a chat endpoint: asked with
+    `return_token_ids`)."""
     needs_prompt_ids: bool
     """The backend takes the prompt as token IDs rendered by draftgen's format."""
-    reports_cost: bool
+    reports_cost: bool = False
+    """Each answer's usage says what it cost (`usage.cost`, asked for with
+    `usage: {include: true}`)."""
+    looks_up_bills: bool = False
+    """What one generation cost can be asked afterwards by its ID (`billed_usd`), which arrives
+    in the answer's headers before its body (`X-Generation-Id`): a request killed in flight is
+    settled by it."""
+    hosted: bool = False
+    """A hosted API that keeps idle connections open far longer than a local engine: pooled
+    connections are reused for HOSTED_IDLE_REUSE_S, not IDLE_REUSE_S."""
 
 
 class Backend(ABC):
     """One endpoint. `send` returns a RawAnswer or raises BackendError."""
 
-    capabilities: Capabilities
+    capabilities: ClassVar[Capabilities]
 
     def __init__(self, cfg: BackendConfig, model: ModelConfig, sampling: SamplingConfig) -> None:
         self.cfg = cfg
@@ -86,8 +101,7 @@ class Backend(ABC):
             limit=self.concurrency + 16,
             limit_per_host=0,
             ttl_dns_cache=300,
-            keepalive_timeout=(HOSTED_IDLE_REUSE_S if self.cfg.type == "openrouter"
-                               else IDLE_REUSE_S),
+            keepalive_timeout=HOSTED_IDLE_REUSE_S if self.capabilities.hosted else IDLE_REUSE_S,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -134,8 +148,14 @@ class Backend(ABC):
         """The price the endpoint itself lists for the model, where it has such a listing."""
         return None
 
+    async def listed_quantizations(self) -> dict[str, str]:
+        """Each provider's quantization of the model, where the endpoint lists them (an API
+        routing to several providers); {} otherwise."""
+        return {}
+
     async def billed_usd(self, generation_id: str) -> float | None:
-        """What the endpoint billed for one generation, where it can be asked (OpenRouter)."""
+        """What the endpoint billed for one generation, where it can be asked
+        (`capabilities.looks_up_bills`)."""
         return None
 
     @abstractmethod

@@ -23,14 +23,14 @@ from typing import Any
 
 from draftgen.backends.base import Backend, Capabilities
 from draftgen.backends.openai_chat import OpenAIChatBackend
-from draftgen.config import BackendConfig, ModelConfig, SamplingConfig
+from draftgen.config import LlamaCppConfig, ModelConfig, SamplingConfig
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
 # llama-server `stop_type` → OpenAI finish_reason (the same mapping its own chat endpoint uses).
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 
 
-def _base_url(cfg: BackendConfig) -> str:
+def _base_url(cfg: LlamaCppConfig) -> str:
     if cfg.url is None:
         raise BackendError(
             "not_started",
@@ -44,11 +44,13 @@ def _base_url(cfg: BackendConfig) -> str:
 class LlamaCppNativeBackend(Backend):
     """`POST /completion` with token IDs in, token IDs out."""
 
-    capabilities = Capabilities(native_ids=True, needs_prompt_ids=True, reports_cost=False)
+    capabilities = Capabilities(native_ids=True, needs_prompt_ids=True)
+    cfg: LlamaCppConfig
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.url = _base_url(self.cfg) + "/completion"
+    def __init__(self, cfg: LlamaCppConfig, model: ModelConfig, sampling: SamplingConfig
+                 ) -> None:
+        super().__init__(cfg, model, sampling)
+        self.url = _base_url(cfg) + "/completion"
 
     def build_body(self, input_ids: list[int], max_tokens: int) -> dict[str, Any]:
         s = self.sampling
@@ -106,11 +108,12 @@ def _int(value: Any) -> int | None:
 class LlamaCppChatBackend(OpenAIChatBackend):
     """The OpenAI chat endpoint of llama-server, with per-token logprobs (IDs and bytes)."""
 
-    def __init__(self, cfg: BackendConfig, model: ModelConfig, sampling: SamplingConfig) -> None:
+    cfg: LlamaCppConfig
+
+    def __init__(self, cfg: LlamaCppConfig, model: ModelConfig, sampling: SamplingConfig
+                 ) -> None:
         _base_url(cfg)
         super().__init__(cfg, model, sampling)
-        self.capabilities = Capabilities(native_ids=False, needs_prompt_ids=False,
-                                         reports_cost=False)
 
     def build_body(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
         body = super().build_body(prompt, max_tokens)
@@ -122,9 +125,3 @@ class LlamaCppChatBackend(OpenAIChatBackend):
             body.setdefault("top_logprobs", 1)
         return body
 
-
-def make_llamacpp_backend(cfg: BackendConfig, model: ModelConfig,
-                          sampling: SamplingConfig) -> Backend:
-    if cfg.endpoint == "chat":
-        return LlamaCppChatBackend(cfg, model, sampling)
-    return LlamaCppNativeBackend(cfg, model, sampling)

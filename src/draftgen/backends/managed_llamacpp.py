@@ -49,7 +49,7 @@ from typing import IO
 import aiohttp
 
 from draftgen.assets import llama_server_binary
-from draftgen.config import BackendConfig
+from draftgen.config import BackendConfig, LlamaCppConfig
 from draftgen.errors import DraftgenError
 from draftgen.tokenize import GGUFError, read_gguf_metadata
 
@@ -65,6 +65,8 @@ _BIND_ERRORS = ("couldn't bind", "address already in use", "failed to bind")
 
 class ManagedServerError(DraftgenError):
     """A managed llama-server did not start (the message carries its log's tail)."""
+
+    exit_code = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -354,7 +356,7 @@ class ManagedServers:
         self._key_of: dict[str, tuple[str, tuple[str, ...]]] = {}
         groups: dict[tuple[str, tuple[str, ...]], list[BackendConfig]] = {}
         for b in self.backends:
-            if b.starts_own_server:
+            if isinstance(b, LlamaCppConfig) and b.model is not None and b.starts_own_server:
                 key = (str(Path(b.model).expanduser().resolve()), tuple(b.server_args))
                 groups.setdefault(key, []).append(b)
                 self._key_of[b.name] = key

@@ -1,4 +1,5 @@
-"""OpenAI-compatible chat completions: the `openai`, `openrouter` and `vllm` flavours.
+"""OpenAI-compatible chat completions: the `openai` and `vllm` types, and the base of the
+`openrouter` one (backends/openrouter.py) and of llama-server's chat endpoint.
 
 JSON and SSE answers; reasoning read from `reasoning`, `reasoning_content` or
 `reasoning_details`; errors inside a 200 body or an SSE event are errors, not answers.
@@ -38,11 +39,9 @@ from draftgen.backends.base import (
     too_large,
     transport_error,
 )
-from draftgen.config import Price
+from draftgen.config import ChatBackendConfig, ModelConfig, SamplingConfig
 from draftgen.tokenize import Tokenizer, TokenSpellings
 from draftgen.types import BackendError, LogprobTokens, Prompt, RawAnswer, SentBytes
-
-_DEFAULT_OPENROUTER_REASONING = {"enabled": True}
 
 
 def chat_url(base: str) -> str:
@@ -53,50 +52,21 @@ def chat_url(base: str) -> str:
 
 
 class OpenAIChatBackend(Backend):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        flavour = self.cfg.type
-        self.capabilities = Capabilities(
-            native_ids=flavour == "vllm", needs_prompt_ids=False,
-            reports_cost=flavour == "openrouter",
-        )
-        self.url = chat_url(self.cfg.url)
+    """`type: openai`: an OpenAI-compatible chat endpoint; the other chat types subclass it."""
+
+    capabilities = Capabilities(native_ids=False, needs_prompt_ids=False)
+    cfg: ChatBackendConfig
+
+    def __init__(self, cfg: ChatBackendConfig, model: ModelConfig,
+                 sampling: SamplingConfig) -> None:
+        super().__init__(cfg, model, sampling)
+        assert cfg.url is not None, "validated: only a llamacpp backend may lack a url"
+        self.url = chat_url(cfg.url)
         self._spellings: TokenSpellings | None = None
 
     def use_vocabulary(self, tokenizer: Tokenizer) -> None:
         if self.cfg.logprobs:
             self._spellings = TokenSpellings(tokenizer)
-
-    async def billed_usd(self, generation_id: str) -> float | None:
-        """What OpenRouter billed for a generation (`GET /generation?id=`: `total_cost`);
-        None where it does not say (no such record yet, another API, a failure)."""
-        if self.cfg.type != "openrouter":
-            return None
-        url = self.url.rsplit("/chat/completions", 1)[0] + "/generation"
-        try:
-            async with self.session.get(url, params={"id": generation_id}) as resp:
-                if resp.status != 200:
-                    return None
-                data = orjson.loads(await self.read_body(resp)).get("data")
-        except Exception:  # unknown stays unknown: the caller keeps the worst case
-            return None
-        cost = data.get("total_cost") if isinstance(data, dict) else None
-        return float(cost) if isinstance(cost, int | float) and cost >= 0 else None
-
-    async def listed_price(self) -> Price | None:
-        """OpenRouter's /models listing: `pricing.prompt` / `pricing.completion` in USD per
-        token, for the configured model."""
-        if self.cfg.type != "openrouter":
-            return None
-        url = self.url.rsplit("/chat/completions", 1)[0] + "/models"
-        try:
-            async with self.session.get(url) as resp:
-                if resp.status != 200:
-                    return None
-                listing = orjson.loads(await self.read_body(resp))
-        except Exception:  # no listing: the caller decides whether that is fatal
-            return None
-        return price_from_listing(listing, self.model.name)
 
     def build_body(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
         s = self.sampling
@@ -114,14 +84,13 @@ class OpenAIChatBackend(Backend):
         if self.cfg.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        if self.cfg.type == "openrouter":
+        if self.capabilities.reports_cost:
             body["usage"] = {"include": True}
-            body["reasoning"] = self.cfg.reasoning or _DEFAULT_OPENROUTER_REASONING
-            if self.cfg.provider:
-                body["provider"] = self.cfg.provider
-        elif self.cfg.reasoning:
-            body["reasoning"] = self.cfg.reasoning
-        if self.cfg.type == "vllm":
+        if self.cfg.request_reasoning:
+            body["reasoning"] = self.cfg.request_reasoning
+        if self.cfg.provider_routing:
+            body["provider"] = self.cfg.provider_routing
+        if self.capabilities.native_ids:
             body["return_token_ids"] = True
         if self.cfg.logprobs:
             # Only the sampled token's entry is read, so no `top_logprobs`: the default (no
@@ -171,17 +140,11 @@ class OpenAIChatBackend(Backend):
         return acc.finish()
 
 
-def price_from_listing(listing: Any, model: str) -> Price | None:
-    models = listing.get("data") if isinstance(listing, dict) else None
-    for entry in models if isinstance(models, list) else []:
-        if isinstance(entry, dict) and entry.get("id") == model:
-            pricing = entry.get("pricing") or {}
-            try:
-                return Price(prompt=float(pricing["prompt"]) * 1e6,
-                             completion=float(pricing["completion"]) * 1e6)
-            except (KeyError, TypeError, ValueError):
-                return None
-    return None
+class VLLMChatBackend(OpenAIChatBackend):
+    """`type: vllm`: vLLM's chat endpoint, which returns the sampled IDs when asked
+    (`return_token_ids`)."""
+
+    capabilities = Capabilities(native_ids=True, needs_prompt_ids=False)
 
 
 def _reasoning_of(message: Mapping[str, Any]) -> str | None:

@@ -74,6 +74,8 @@ _PROBE_TIMEOUT_S = 5.0
 class BackendNotReady(DraftgenError):
     """A backend's endpoint did not become ready at start (the message names it and its URL)."""
 
+    exit_code = 1
+
 
 @dataclass(frozen=True)
 class FleetState:

@@ -10,10 +10,11 @@ from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
 
 class SGLangBackend(Backend):
-    capabilities = Capabilities(native_ids=True, needs_prompt_ids=True, reports_cost=False)
+    capabilities = Capabilities(native_ids=True, needs_prompt_ids=True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        assert self.cfg.url is not None, "validated: only a llamacpp backend may lack a url"
         self.url = self.cfg.url + "/generate"
 
     def build_body(self, input_ids: list[int], max_tokens: int) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from draftgen.errors import DraftgenError
 class ExportError(DraftgenError):
     """The export cannot be done as asked; nothing was written to --out."""
 
+    exit_code = 1
+
 
 class ExportFormat(StrEnum):
     speculators = "speculators"

@@ -60,6 +60,8 @@ async def probe_config(cfg: RunConfig, fmt: Format, opts: ProbeOptions) -> list[
 class ProbeStopped(DraftgenError):
     """SIGINT or SIGTERM arrived while probing: the probe was cancelled, nothing recorded."""
 
+    exit_code = 130
+
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

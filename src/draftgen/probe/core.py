@@ -14,7 +14,7 @@ from draftgen.backends import Backend
 from draftgen.config import RunConfig
 from draftgen.formats import Format
 from draftgen.probe.analyze import analyze
-from draftgen.probe.exchange import exchange, listed_quantizations, probe_requests
+from draftgen.probe.exchange import exchange, probe_requests
 from draftgen.probe.model import BackendProbe
 from draftgen.probe.options import ProbeOptions
 from draftgen.probe.verdict import judge
@@ -53,7 +53,7 @@ async def probe_backend(fmt: Format, backend: Backend, key: str, max_tokens: int
     price = backend.cfg.price or await backend.listed_price()
     exchanges, quantizations = await asyncio.gather(
         asyncio.gather(*(exchange(backend, r, max_tokens) for r in requests)),
-        listed_quantizations(backend),
+        backend.listed_quantizations(),
     )
     answers = [analyze(fmt, ex, price, quantizations) for ex in exchanges]
     verdict, problems, warnings = judge(

@@ -180,25 +180,3 @@ async def exchange(backend: Backend, req: ProbeRequest, max_tokens: int) -> Exch
             await asyncio.sleep(backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s,
                                               e.retry_after))
             attempt += 1
-
-
-async def listed_quantizations(backend: Backend) -> dict[str, str]:
-    """OpenRouter lists each provider's quantization for a model
-    (`GET /api/v1/models/MODEL/endpoints`); {} for other backends or when it cannot be read."""
-    if not isinstance(backend, OpenAIChatBackend) or backend.cfg.type != "openrouter":
-        return {}
-    url = backend.url.rsplit("/chat/completions", 1)[0] + f"/models/{backend.model.name}/endpoints"
-    try:
-        async with backend.session.get(url) as resp:
-            if resp.status != 200:
-                return {}
-            listing = orjson.loads(await backend.read_body(resp))
-    except Exception:  # informative only: no listing, no quantization column
-        return {}
-    data = listing.get("data") if isinstance(listing, dict) else None
-    endpoints = data.get("endpoints") if isinstance(data, dict) else None
-    out: dict[str, str] = {}
-    for entry in endpoints if isinstance(endpoints, list) else []:
-        if isinstance(entry, dict) and isinstance(entry.get("provider_name"), str):
-            out[entry["provider_name"]] = str(entry.get("quantization") or "unknown")
-    return out

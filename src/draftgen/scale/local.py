@@ -42,6 +42,7 @@ from types import FrameType
 import orjson
 
 from draftgen.config import BackendConfig, ConfigError, RunConfig, load_config
+from draftgen.errors import DraftgenError
 from draftgen.probe.options import ProbeOptions
 from draftgen.scale.launch import (
     POLL_S,
@@ -228,12 +229,10 @@ def run_shard_process(config: Path, spec: ShardSpec, *, probe: ProbeOptions | No
     result written to `result_path` for the launcher."""
     if os.getppid() != launcher:  # the launcher died before this process could watch it
         return 1
-    from draftgen.cli import _user_errors
-
     try:
         result = run_shard(share_concurrency(load_config(config), spec), spec, probe,
                            verbose=verbose)
-    except _user_errors() as e:
+    except DraftgenError as e:
         result = ShardResult(str(spec), "failed", str(e))
         logging.getLogger("draftgen").error("%s", e)
     result_path.write_bytes(orjson.dumps(result.as_dict()))

@@ -1,0 +1,142 @@
+"""Each backend type has its own config model, picked by `type`: a key of another type is
+refused naming the backend, the key and the types that take it; every backend still dumps
+every type's keys (run.json and the probe's cache key read as before); what a backend does
+follows its class's capabilities, never the type's name."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from draftgen.backends import (
+    LlamaCppChatBackend,
+    LlamaCppNativeBackend,
+    OpenAIChatBackend,
+    OpenRouterBackend,
+    SGLangBackend,
+    VLLMChatBackend,
+    backend_class,
+    capabilities_of,
+)
+from draftgen.config import (
+    BACKEND_TYPES,
+    ConfigError,
+    LlamaCppConfig,
+    OpenRouterConfig,
+    SGLangConfig,
+    load_config,
+    parse_backend,
+)
+
+URL = "http://127.0.0.1:1"
+OWN = {"openai": {}, "vllm": {}, "sglang": {},
+       "openrouter": {"provider": {"ignore": ["x"]}, "reasoning": {"effort": "low"}},
+       "llamacpp": {"endpoint": "chat", "stream": True, "logprobs": False}}
+
+
+def _load(tmp_path: Path, backend: dict[str, Any]) -> Any:
+    path = tmp_path / "run.yaml"
+    path.write_text(textwrap.dedent("""\
+        output_dir: out
+        model: {name: m, format: qwen3, tokenizer: t.json}
+        datasets: [{name: d, path: d.jsonl}]
+    """) + f"backends: [{json.dumps(backend)}]\n")  # JSON is YAML
+    return load_config(path)
+
+
+def _error(tmp_path: Path, backend: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, backend)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("type_", list(BACKEND_TYPES))
+def test_each_type_loads_its_own_keys(tmp_path: Path, type_: str) -> None:
+    cfg = _load(tmp_path, {"name": "b", "type": type_, "url": URL, **OWN[type_]})
+    assert isinstance(cfg.backends[0], BACKEND_TYPES[type_])
+
+
+@pytest.mark.parametrize("type_,key,value,owners", [
+    ("sglang", "provider", {"order": ["a"]}, "openrouter"),
+    ("openai", "provider", {"order": ["a"]}, "openrouter"),
+    ("openrouter", "server_args", ["-t", "2"], "llamacpp"),
+    ("vllm", "endpoint", "chat", "llamacpp"),
+    ("openai", "model", "x.gguf", "llamacpp"),
+    ("sglang", "stream", True, "openai, openrouter, vllm or llamacpp"),
+])
+def test_a_key_of_another_type_is_refused_naming_backend_key_and_types(
+        tmp_path: Path, type_: str, key: str, value: Any, owners: str) -> None:
+    message = _error(tmp_path, {"name": "gpu", "type": type_, "url": URL, key: value})
+    assert f"backends.0.{key}: only for type {owners}; backend 'gpu' is type {type_}" \
+        in message, message
+
+
+def test_unknown_and_missing_keys_say_what_they_said(tmp_path: Path) -> None:
+    assert "backends.0.concurency: unknown key (typo?)" in _error(
+        tmp_path, {"name": "b", "type": "sglang", "url": URL, "concurency": 3})
+    assert "backends.0.type: Field required" in _error(tmp_path, {"name": "b", "url": URL})
+    assert ("backends.0.type: Input should be 'openai', 'openrouter', 'vllm', 'sglang' or "
+            "'llamacpp'") in _error(tmp_path, {"name": "b", "type": "tgi", "url": URL})
+    assert "backends.0: Value error, url: required" in _error(
+        tmp_path, {"name": "b", "type": "openai"})
+    assert "backends.0: Value error, llamacpp: give exactly one of url" in _error(
+        tmp_path, {"name": "b", "type": "llamacpp"})
+
+
+def test_every_backend_dumps_every_type_key() -> None:
+    """run.json and the probe's cache key hold the keys one model once held for every type,
+    another type's at its default."""
+    keys = {key for model in BACKEND_TYPES.values() for key in model.model_fields}
+    dumps = {t: parse_backend({"name": "b", "type": t, "url": URL}).model_dump(mode="json")
+             for t in BACKEND_TYPES}
+    for dump in dumps.values():
+        assert set(dump) == keys
+    assert dumps["sglang"]["provider"] is None and dumps["sglang"]["endpoint"] == "native"
+    assert dumps["openai"]["server_args"] == [] and dumps["sglang"]["logprobs"] is True
+    assert "provider" not in parse_backend({"name": "b", "type": "sglang", "url": URL}
+                                           ).model_dump(exclude={"provider"})
+
+
+@pytest.mark.parametrize("cfg,cls", [
+    ({"type": "openai"}, OpenAIChatBackend), ({"type": "vllm"}, VLLMChatBackend),
+    ({"type": "openrouter"}, OpenRouterBackend), ({"type": "sglang"}, SGLangBackend),
+    ({"type": "llamacpp"}, LlamaCppNativeBackend),
+    ({"type": "llamacpp", "endpoint": "chat"}, LlamaCppChatBackend),
+])
+def test_each_type_has_its_class_and_capabilities(cfg: dict[str, Any], cls: type) -> None:
+    backend = parse_backend({"name": "b", "url": URL, **cfg})
+    assert backend_class(backend) is cls
+    caps = capabilities_of(backend)
+    openrouter = cfg["type"] == "openrouter"
+    assert (caps.reports_cost, caps.looks_up_bills, caps.hosted) == (openrouter,) * 3
+    assert caps.native_ids == (cls in (VLLMChatBackend, SGLangBackend, LlamaCppNativeBackend))
+    assert caps.needs_prompt_ids == (cls in (SGLangBackend, LlamaCppNativeBackend))
+
+
+def test_type_defaults_live_in_each_type_model() -> None:
+    paid = OpenRouterConfig(name="b", type="openrouter", url=URL)
+    assert paid.is_paid and paid.request_reasoning == {"enabled": True}
+    assert paid.model_copy(update={"provider": {"order": ["a"]}}).provider_routing == {
+        "order": ["a"]}
+    local = SGLangConfig(name="b", type="sglang", url=URL)
+    assert not local.is_paid and local.provider_routing is None and not local.starts_own_server
+    keyed = SGLangConfig(name="b", type="sglang", url=URL, api_key_env="K")
+    assert keyed.is_paid
+    assert LlamaCppConfig(name="b", type="llamacpp", model="x.gguf").starts_own_server
+
+
+def test_no_behaviour_reads_the_backend_type_name() -> None:
+    """Outside the config's own models, `type` names a backend in messages and records only:
+    what it does is read from its capabilities and class."""
+    src = Path(__file__).resolve().parents[1] / "src" / "draftgen"
+    compared = re.compile(r"""\.type\s*(==|!=|in)\s*[("'\[]""")
+    offenders = [f"{path.relative_to(src)}:{n}" for path in sorted(src.rglob("*.py"))
+                 if "testing" not in path.parts and path.name != "config.py"
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if compared.search(line)]
+    assert offenders == []
