@@ -12,10 +12,10 @@ nothing here writes in the run folder.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -25,13 +25,17 @@ from draftgen.scale.shards import RunPart, is_sharded, live_parts, run_parts, se
 from draftgen.store.columns import id_hash
 from draftgen.store.fast_index import load_index_columns
 from draftgen.store.layout import FAILURES, RESPONSES, RunLayout
+from draftgen.store.record import Damaged, Record, read_record
 from draftgen.store.rescue import count_rescued
 from draftgen.store.runinfo import RunJsonDamaged, read_run_json
 from draftgen.tokenize import Tokenizer, TokenizerError, load_tokenizer
 
 log = logging.getLogger("draftgen.export")
 
-Record = dict[str, Any]
+Answer = Record | Damaged
+"""A line of responses.jsonl: its record, or a damaged one (a JSON object that is not a
+record), which the export reports as a broken row."""
+Line = TypeVar("Line")
 
 
 class SourceError(DraftgenError):
@@ -116,22 +120,22 @@ class RunSource:
         return sum(s.size for d in datasets for s in self.responses.get(d, []))
 
     def answers(self, dataset: str, counts: ReadCounts | None = None, report: bool = False
-                ) -> Iterator[Record]:
+                ) -> Iterator[Answer]:
         """The dataset's answers, file after file; an answer to a prompt answered in an
         earlier folder is skipped and counted in `counts.duplicates`. `report`: log what was
         skipped (torn last lines, lines that are not JSON)."""
         counts = counts if counts is not None else ReadCounts()
         for snapshot, repeated in zip(self.responses.get(dataset, []), self._repeated(dataset),
                                       strict=True):
-            for record in _read(snapshot, counts, report):
-                if repeated and id_hash(str(record.get("id"))) in repeated:
+            for record in _read(snapshot, counts, report, _parse):
+                if repeated and id_hash(str(record.id)) in repeated:
                     counts.duplicates += 1
                     continue
                 yield record
 
-    def failure_lines(self, dataset: str, report: bool = False) -> Iterator[Record]:
+    def failure_lines(self, dataset: str, report: bool = False) -> Iterator[dict[str, Any]]:
         for snapshot in self.failures.get(dataset, []):
-            yield from _read(snapshot, ReadCounts(), report)
+            yield from _read(snapshot, ReadCounts(), report, _parse_object)
 
     def _repeated(self, dataset: str) -> list[set[int]]:
         """Per responses file, the ID hashes an earlier folder answered (from the indexes;
@@ -147,9 +151,10 @@ class RunSource:
         return self._repeats[dataset]
 
 
-def _read(snapshot: Snapshot, counts: ReadCounts, report: bool) -> Iterator[Record]:
+def _read(snapshot: Snapshot, counts: ReadCounts, report: bool,
+          parse: Callable[[bytes], Line | None]) -> Iterator[Line]:
     scan = FileScan()
-    yield from iter_jsonl(snapshot, scan)
+    yield from iter_jsonl(snapshot, scan, parse)
     counts.torn_tail_bytes += scan.torn_tail_bytes
     counts.bad_lines += len(scan.bad_lines)
     if report:
@@ -210,8 +215,10 @@ def _sessions(parts: list[RunPart], run_jsons: list[dict[str, Any]]) -> list[dic
     return sessions
 
 
-def iter_jsonl(snapshot: Snapshot, scan: FileScan, block: int = 1 << 20) -> Iterator[Record]:
-    """The JSON objects of a JSONL file up to its snapshot size, one at a time."""
+def iter_jsonl(snapshot: Snapshot, scan: FileScan, parse: Callable[[bytes], Line | None],
+               block: int = 1 << 20) -> Iterator[Line]:
+    """The JSON objects of a JSONL file up to its snapshot size, one at a time, as `parse`
+    reads them."""
     with open(snapshot.path, "rb") as f:
         remaining = snapshot.size
         pending = b""
@@ -225,7 +232,7 @@ def iter_jsonl(snapshot: Snapshot, scan: FileScan, block: int = 1 << 20) -> Iter
             pending = lines.pop()
             for line in lines:
                 lineno += 1
-                record = _parse(line)
+                record = parse(line)
                 if record is None:
                     if line.strip():
                         scan.bad_lines.append(lineno)
@@ -234,7 +241,11 @@ def iter_jsonl(snapshot: Snapshot, scan: FileScan, block: int = 1 << 20) -> Iter
         scan.torn_tail_bytes = len(pending)
 
 
-def _parse(line: bytes) -> Record | None:
+def _parse(line: bytes) -> Answer | None:
+    return read_record(line)
+
+
+def _parse_object(line: bytes) -> dict[str, Any] | None:
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError:
