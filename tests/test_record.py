@@ -13,6 +13,7 @@ import msgspec
 import orjson
 import pytest
 
+from draftgen.export.checks import damaged_problem, structure_problem
 from draftgen.runner import make_record
 from draftgen.store.record import (
     FIELDS,
@@ -129,3 +130,16 @@ def test_a_line_that_is_no_json_object_is_none(line: bytes) -> None:
     assert read_record(line) is None
     with pytest.raises(RecordError):
         decode_record(line)
+
+
+def test_the_export_names_a_damaged_line_by_its_ids_else_by_its_field() -> None:
+    good = _runner_record(tools=False, session=None)
+    bad_ids = read_record(orjson.dumps({**good, "output_ids": [1, -2]}))
+    no_flags = read_record(orjson.dumps({k: v for k, v in good.items() if k != "flags"}))
+    assert isinstance(bad_ids, Damaged) and isinstance(no_flags, Damaged)
+    assert damaged_problem(bad_ids) == "output_ids is not a list of token IDs"
+    assert damaged_problem(no_flags) == "not a record: Object missing required field `flags`"
+    empty = decode_record(orjson.dumps({**good, "input_ids": []}))
+    assert structure_problem(empty) == ("empty input_ids (no prompt: the loss mask would be "
+                                        "all-one)")
+    assert structure_problem(decode_record(orjson.dumps(good))) is None

@@ -160,9 +160,6 @@ def has_text(record: Checked) -> bool:
 # ---- the checks ------------------------------------------------------------------------------
 
 
-# ---- the checks ------------------------------------------------------------------------------
-
-
 def stop_token_problems(ids: list[int], finish: Any, stop_ids: Collection[int],
                         continuation: tuple[int, int] | None = None) -> list[str]:
     """Ends with a stop token exactly when finished; no stop token before the end, but where
@@ -233,12 +230,14 @@ def _slug(name: Any) -> str:
 
 def routing_problems(served: Mapping[str, Any], routing: Mapping[str, Any] | None
                      ) -> list[str]:
-    """`served_problems` of the runner's {"provider", "quantization"} of an answer."""
+    """`served_problems` of an answer's {"provider", "quantization", "flags"} (the runner's
+    dict, before the answer is a record)."""
     return served_problems(served.get("provider"), served.get("quantization"),
                            served.get("flags"), routing)
 
 
 def record_routing_problems(record: Checked, routing: Mapping[str, Any] | None) -> list[str]:
+    """`served_problems` of a record."""
     return served_problems(record.provider, record.quantization, record.flags, routing)
 
 
