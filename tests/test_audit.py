@@ -18,6 +18,7 @@ import yaml
 
 from draftgen.audit import audit_run
 from draftgen.audit.checks import (
+    LooseRecord,
     TokenSpec,
     end_think_problems,
     spec_for,
@@ -31,6 +32,7 @@ from draftgen.formats import get_format
 from draftgen.status import collect_status
 from draftgen.store import RunLayout, RunLock, Store
 from draftgen.store.index import read_index
+from draftgen.store.record import Record
 from draftgen.testing.assets import family_tokenizer
 from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
@@ -218,13 +220,13 @@ def _failing_ids(report: Any, root: Path) -> dict[str, list[str]]:
 
 def test_export_uses_the_audit_stop_token_checks() -> None:
     spec = TokenSpec.of_stop([IM_END])
-    rec = {"output_ids": [1, IM_END, 2], "finish_reason": "stop",
-           "flags": ["special_token_in_reasoning"]}
+    rec = LooseRecord({"output_ids": [1, IM_END, 2], "finish_reason": "stop",
+                       "flags": ["special_token_in_reasoning"]})
     assert audit_problems(rec, IM_END) == audit_problems(rec, spec) == [
         "special_token_in_reasoning", "stop_token_missing", "stop_token_inside_answer"]
-    assert audit_problems({"output_ids": [1, IM_END], "finish_reason": "length"}, IM_END) == [
-        "stop_token_on_cut_off_answer"]
-    assert audit_problems({"output_ids": [1], "finish_reason": "stop"}, None) == []
+    assert audit_problems(LooseRecord({"output_ids": [1, IM_END], "finish_reason": "length"}),
+                          IM_END) == ["stop_token_on_cut_off_answer"]
+    assert audit_problems(LooseRecord({"output_ids": [1], "finish_reason": "stop"}), None) == []
 
 
 # ---- other families ----------------------------------------------------------------------------
@@ -249,24 +251,25 @@ def test_parallel_harmony_calls_are_one_answer() -> None:
     spec = spec_for(fmt)
     calls = [{"function": {"name": n, "arguments": "{}"}} for n in ("a", "b")]
     ids = tok.encode(fmt.answer_text("R", None, calls, finished=True).text)
-    record = {"output_ids": ids, "finish_reason": "tool_calls", "tools": [{}]}
+    fields = {"output_ids": ids, "finish_reason": "tool_calls", "tools": [{}]}
+    record = LooseRecord(fields)
     assert ids.count(200012) == 2
     assert token_problems(record, spec) == []
     assert audit_problems(record, spec) == []
-    bad = {**record, "output_ids": [*ids[:-1], 200002, 200006, *ids[-1:]]}
+    bad = LooseRecord({**fields, "output_ids": [*ids[:-1], 200002, 200006, *ids[-1:]]})
     assert "stop_token_inside_answer" in token_problems(bad, spec)
     assert "stop_token_inside_answer" in audit_problems(bad, spec)
 
 
-def _kimi_record(fmt: Any, tok: Tokenizer, answer: str) -> dict[str, Any]:
+def _kimi_record(fmt: Any, tok: Tokenizer, answer: str) -> Record:
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
     parsed = fmt.parse_answer_text(answer)
-    return {"id": "k/1", "dataset": "k", "messages": messages, "tools": tools,
-            "input_ids": fmt.render_prompt(messages, tools), "output_ids": tok.encode(answer),
-            "token_source": "native", "token_check": "exact", "flags": [],
-            "reasoning": parsed.reasoning, "content": parsed.content,
-            "tool_calls": parsed.tool_calls, "finish_reason": "tool_calls"}
+    return Record(id="k/1", dataset="k", messages=messages, tools=tools,
+                  input_ids=fmt.render_prompt(messages, tools), output_ids=tok.encode(answer),
+                  token_source="native", token_check="exact", flags=[],
+                  reasoning=parsed.reasoning, content=parsed.content,
+                  tool_calls=parsed.tool_calls, finish_reason="tool_calls", backend="local")
 
 
 def test_kimi_tool_section_ends_reasoning_without_end_think() -> None:
@@ -279,8 +282,8 @@ def test_kimi_tool_section_ends_reasoning_without_end_think() -> None:
     implicit = _kimi_record(fmt, tok, "Let me look it up." + section)
     explicit = _kimi_record(fmt, tok, "Let me look it up.</think>" + section)
     missing = _kimi_record(fmt, tok, "Let me look it up. It is sunny.<|im_end|>")
-    missing["reasoning"], missing["content"] = "Let me look it up.", "It is sunny."
-    assert implicit["reasoning"] == "Let me look it up." and implicit["tool_calls"]
+    missing.reasoning, missing.content = "Let me look it up.", "It is sunny."
+    assert implicit.reasoning == "Let me look it up." and implicit.tool_calls
     assert auditor.check([implicit, explicit]) == [[], []]
     assert "end_think_missing" in auditor.check([missing])[0]
     spec = spec_for(fmt)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from draftgen.store.record import Record
+
 CUT_OFF = frozenset({"length"})
 """finish_reason values of an answer cut off by max_tokens: it has no end-of-turn token."""
 FINISHED = frozenset({"stop", "tool_calls", "eos"})
@@ -121,11 +123,41 @@ def _id_pair(tok: Any, pair: tuple[str, str] | None) -> tuple[int, int] | None:
     return None if a is None or b is None else (a, b)
 
 
+# ---- the records checked ---------------------------------------------------------------------
+
+
+class LooseRecord:
+    """A damaged line's JSON object (`store.record.Damaged`) read like a `Record`: each field as
+    it is, None where missing, so that the audit checks what there is of it and names what is
+    missing (`missing_fields`) rather than failing the line as a whole."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __getattr__(self, name: str) -> Any:
+        return self.fields.get(name)
+
+
+Checked = Record | LooseRecord
+"""What the checks read: a record, or what there is of a damaged one."""
+
+
+def missing_fields(record: Checked) -> list[str]:
+    """The fields the audit reads that the record lacks (a `Record` has them all)."""
+    if isinstance(record, LooseRecord):
+        return [k for k in REQUIRED if k not in record.fields]
+    return []
+
+
+def has_text(record: Checked) -> bool:
+    """The record stores reasoning or content (a `Record` stores both, maybe as null)."""
+    return not isinstance(record, LooseRecord) or bool({"reasoning", "content"}
+                                                       & record.fields.keys())
+
+
 # ---- the checks ------------------------------------------------------------------------------
-
-
-def missing_fields(record: Mapping[str, Any]) -> list[str]:
-    return [k for k in REQUIRED if k not in record]
 
 
 def stop_token_problems(ids: list[int], finish: Any, stop_ids: Collection[int],
@@ -182,12 +214,12 @@ def tool_token_problems(ids: list[int], spec: TokenSpec, *, cut_off: bool,
     return problems
 
 
-def claim_problems(record: Mapping[str, Any]) -> list[str]:
+def claim_problems(record: Checked) -> list[str]:
     """What the record says about its IDs and its text fields."""
     problems = []
-    if record.get("token_check") == "exact" and record.get("token_source") != "native":
+    if record.token_check == "exact" and record.token_source != "native":
         problems.append("exact_not_native")
-    flags = record.get("flags") or []
+    flags = record.flags or []
     problems.extend(p for p in _FLAG_PROBLEMS if p in flags)
     return problems
 
@@ -196,13 +228,25 @@ def _slug(name: Any) -> str:
     return str(name).lower().replace(" ", "").replace("-", "").replace("_", "")
 
 
-def routing_problems(record: Mapping[str, Any], routing: Mapping[str, Any] | None
+def routing_problems(served: Mapping[str, Any], routing: Mapping[str, Any] | None
                      ) -> list[str]:
+    """`served_problems` of an answer's {"provider", "quantization", "flags"} (the runner's
+    dict, before the answer is a record)."""
+    return served_problems(served.get("provider"), served.get("quantization"),
+                           served.get("flags"), routing)
+
+
+def record_routing_problems(record: Checked, routing: Mapping[str, Any] | None) -> list[str]:
+    """`served_problems` of a record."""
+    return served_problems(record.provider, record.quantization, record.flags, routing)
+
+
+def served_problems(provider: Any, quant: Any, flags: Any, routing: Mapping[str, Any] | None
+                    ) -> list[str]:
     """The answer's upstream provider and quantization against the backend's OpenRouter
     provider routing (`ignore`, `only`, `quantizations`) and the runner's flag."""
     problems = []
-    provider = record.get("provider")
-    excluded = "provider_excluded_by_config" in (record.get("flags") or [])
+    excluded = "provider_excluded_by_config" in (flags or [])
     if routing and provider:
         slug = _slug(provider)
         only = {_slug(n) for n in routing.get("only") or []}
@@ -210,7 +254,6 @@ def routing_problems(record: Mapping[str, Any], routing: Mapping[str, Any] | Non
         excluded |= bool(only) and slug not in only
     if excluded:
         problems.append("provider_excluded")
-    quant = record.get("quantization")
     allowed = routing.get("quantizations") if routing else None
     if quant and allowed and _slug(quant) not in {_slug(q) for q in allowed}:
         problems.append("quantization_excluded")
@@ -235,12 +278,12 @@ class Routing:
         return self.by_backend.get(str(backend))
 
 
-def token_problems(record: Mapping[str, Any], spec: TokenSpec) -> list[str]:
+def token_problems(record: Checked, spec: TokenSpec) -> list[str]:
     """The checks on output_ids alone (no decoding): non-empty, stop token, tool tokens."""
-    ids = record.get("output_ids") or []
+    ids = record.output_ids or []
     if not ids:
         return ["output_empty"]
-    finish = record.get("finish_reason")
+    finish = record.finish_reason
     return [*stop_token_problems(ids, finish, spec.stop_ids, spec.continuation),
             *tool_token_problems(ids, spec, cut_off=finish in CUT_OFF,
-                                 declared_tools=bool(record.get("tools")))]
+                                 declared_tools=bool(record.tools))]

@@ -15,23 +15,25 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import orjson
-
 from draftgen.audit.checks import (
     CUT_OFF,
     FINISHED,
     PROBLEMS,
+    Checked,
+    LooseRecord,
     Routing,
     TokenSpec,
     claim_problems,
     end_think_problems,
+    has_text,
     missing_fields,
-    routing_problems,
+    record_routing_problems,
     spec_for,
     token_problems,
 )
 from draftgen.formats import Format, FormatError, get_format
 from draftgen.formats.base import ParsedAnswer
+from draftgen.store.record import Damaged, read_record
 from draftgen.tokenize import Tokenizer, load_tokenizer
 from draftgen.types import Prompt
 
@@ -145,7 +147,7 @@ class Auditor:
         """The prompt holds the date it was rendered on (gpt-oss): render each prompt with the
         day its answer was written, or the day before."""
 
-    def check(self, records: Sequence[dict[str, Any]]) -> list[list[str]]:
+    def check(self, records: Sequence[Checked]) -> list[list[str]]:
         """The problems of each record (empty list: it passes every check)."""
         out = [self._static(r) for r in records]
         self._input_ids(records, out)
@@ -155,12 +157,12 @@ class Auditor:
 
     # ---- checks without the tokenizer ----
 
-    def _static(self, record: dict[str, Any]) -> list[str]:
+    def _static(self, record: Checked) -> list[str]:
         problems = ["missing_fields"] if missing_fields(record) else []
-        if isinstance(record.get("output_ids"), list):
+        if isinstance(record.output_ids, list):
             problems.extend(token_problems(record, self.spec))
         problems.extend(claim_problems(record))
-        problems.extend(routing_problems(record, self.routing.of(record.get("backend"))))
+        problems.extend(record_routing_problems(record, self.routing.of(record.backend)))
         return problems
 
     # ---- input_ids ----
@@ -188,26 +190,26 @@ class Auditor:
                 out.append(None)
         return out
 
-    def _input_ids(self, records: Sequence[dict[str, Any]], out: list[list[str]]) -> None:
+    def _input_ids(self, records: Sequence[Checked], out: list[list[str]]) -> None:
         todo = [i for i, r in enumerate(records)
-                if isinstance(r.get("messages"), list) and isinstance(r.get("input_ids"), list)]
-        prompts = [Prompt(str(records[i].get("id")), str(records[i].get("dataset")),
-                          records[i]["messages"], records[i].get("tools") or None) for i in todo]
+                if isinstance(r.messages, list) and isinstance(r.input_ids, list)]
+        prompts = [Prompt(str(records[i].id), str(records[i].dataset), records[i].messages,
+                          records[i].tools or None) for i in todo]
         if not self.date_sensitive:
             rendered = self._render(self.fmt, prompts)
             for i, ids in zip(todo, rendered, strict=True):
-                if ids != records[i]["input_ids"]:
+                if ids != records[i].input_ids:
                     out[i].append("input_ids_not_native")
             return
         for i, prompt in zip(todo, prompts, strict=True):
-            if not any(self._render(self._format_on(day), [prompt])[0] == records[i]["input_ids"]
-                       for day in _days(records[i].get("created_at"))):
+            if not any(self._render(self._format_on(day), [prompt])[0] == records[i].input_ids
+                       for day in _days(records[i].created_at)):
                 out[i].append("input_ids_not_native")
 
     # ---- decoded output ----
 
-    def _decoded(self, record: dict[str, Any]) -> list[str]:
-        ids = record.get("output_ids")
+    def _decoded(self, record: Checked) -> list[str]:
+        ids = record.output_ids
         if not isinstance(ids, list) or not ids:
             return []
         try:
@@ -215,23 +217,23 @@ class Auditor:
             stored = self._stored(record)
         except _BAD_INPUT:
             return ["content_mismatch"]
-        finish = record.get("finish_reason")
+        finish = record.finish_reason
         problems = end_think_problems(
             ids, self.spec, finished=finish in FINISHED,
             has_reasoning=bool(_norm(parsed.reasoning) or _norm(stored.reasoning)),
             tool_section_ends_reasoning=bool(parsed.tool_calls) and parsed.reasoning is not None)
-        if {"reasoning", "content"} & record.keys():
+        if has_text(record):
             problems.extend(_text_problems(parsed, stored, record, finish in CUT_OFF))
         return problems
 
-    def _stored(self, record: dict[str, Any]) -> ParsedAnswer:
+    def _stored(self, record: Checked) -> ParsedAnswer:
         """The stored fields; raw think text left in the content is split as the runner did."""
-        reasoning, content = record.get("reasoning"), record.get("content")
-        flags = record.get("flags") or []
+        reasoning, content = record.reasoning, record.content
+        flags = record.flags or []
         if reasoning is None and content and "reasoning_in_content" in flags:
             split = self.fmt.parse_answer_text(content)
             reasoning, content = split.reasoning, split.content
-        return ParsedAnswer(reasoning, content, record.get("tool_calls"), True)
+        return ParsedAnswer(reasoning, content, record.tool_calls, True)
 
 
 def _days(created_at: Any) -> list[str]:
@@ -241,7 +243,7 @@ def _days(created_at: Any) -> list[str]:
     return [d.strftime("%Y-%m-%d") for d in (day, day - timedelta(days=1))]
 
 
-def _text_problems(parsed: ParsedAnswer, stored: ParsedAnswer, record: dict[str, Any],
+def _text_problems(parsed: ParsedAnswer, stored: ParsedAnswer, record: Checked,
                    cut_off: bool) -> list[str]:
     """The decoded answer's parts against the stored ones, whitespace-insensitively."""
     def same(a: str | None, b: str | None) -> bool:
@@ -251,7 +253,7 @@ def _text_problems(parsed: ParsedAnswer, stored: ParsedAnswer, record: dict[str,
         # A cut inside a UTF-8 character shows U+FFFD on one side only.
         return cut_off and _norm(a).rstrip("\ufffd") == _norm(b).rstrip("\ufffd")
 
-    flags = record.get("flags") or []
+    flags = record.flags or []
     problems = []
     if "reasoning_dropped" not in flags and not same(parsed.reasoning, stored.reasoning):
         problems.append("reasoning_mismatch")
@@ -289,10 +291,10 @@ class Chunk:
     """Per session of the file's run folder (run.json), the key of the spec its answers are
     judged by (`SessionSpecs`); empty: all by the run's."""
 
-    def judge_of(self, record: dict[str, Any]) -> str:
+    def judge_of(self, record: Checked) -> str:
         """A record's judge: its session's; for one naming no session (written before records
         named theirs), the first session's."""
-        session = record.get("session")
+        session = record.session
         if isinstance(session, int) and 0 <= session < len(self.judges):
             return self.judges[session]
         return self.judges[0] if self.judges else ""
@@ -328,12 +330,13 @@ def _lines(chunk: Chunk) -> list[tuple[int, int, bytes]]:
     return out
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) and isinstance(value.get("id"), str) else None
+def _record(line: bytes) -> Checked | None:
+    """The line's record; what there is of a damaged one with a string id; None for a line
+    that is not a record."""
+    record = read_record(line)
+    if isinstance(record, Damaged):
+        return LooseRecord(record.fields) if isinstance(record.id, str) else None
+    return record
 
 
 def audit_chunk(judges: Judges, chunk: Chunk, examples: int = 5) -> ChunkResult:
@@ -349,13 +352,13 @@ def audit_chunk(judges: Judges, chunk: Chunk, examples: int = 5) -> ChunkResult:
             if end in chunk.duplicates:
                 problems.append("duplicate_id")
             _count_groups(result, record, problems)
-        rid = record.get("id") if record is not None else f"{chunk.dataset}@{start}"
+        rid = record.id if record is not None else f"{chunk.dataset}@{start}"
         if problems:
             _note_failure(result, start, end, str(rid), problems, examples)
     return result
 
 
-def _check_by_session(judges: Judges, chunk: Chunk, records: list[dict[str, Any]],
+def _check_by_session(judges: Judges, chunk: Chunk, records: list[Checked],
                       result: ChunkResult) -> list[list[str]]:
     """Each record's problems, judged by its session's settings."""
     keys = [chunk.judge_of(r) for r in records]
@@ -371,11 +374,11 @@ def _check_by_session(judges: Judges, chunk: Chunk, records: list[dict[str, Any]
     return out
 
 
-def _count_groups(result: ChunkResult, record: dict[str, Any], problems: list[str]) -> None:
-    provider = record.get("provider") or "-"
-    if record.get("quantization"):
-        provider = f"{provider}/{record['quantization']}"
-    for kind, name in (("backend", str(record.get("backend") or "-")), ("provider", provider)):
+def _count_groups(result: ChunkResult, record: Checked, problems: list[str]) -> None:
+    provider = record.provider or "-"
+    if record.quantization:
+        provider = f"{provider}/{record.quantization}"
+    for kind, name in (("backend", str(record.backend or "-")), ("provider", provider)):
         result.groups[(kind, name, "")] += 1
         for p in set(problems):
             result.groups[(kind, name, p)] += 1

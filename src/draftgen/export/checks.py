@@ -2,10 +2,11 @@
 
 Two kinds, handled differently:
 
-* structure (`structure_problem`, `mask_problem`): a record that cannot become a sound
-  training row (no prompt or no answer IDs, IDs that are not integers) and a finished row whose
-  mask is all-zero, all-one or not as long as its IDs. Exporting such a row would silently train
-  nothing or the wrong thing, so the export fails naming the record (unless `--skip-broken`).
+* structure (`structure_problem`, `damaged_problem`, `mask_problem`): a record that cannot
+  become a sound training row (no prompt or no answer IDs, IDs that are not integers, a line
+  that is not a record) and a finished row whose mask is all-zero, all-one or not as long as
+  its IDs. Exporting such a row would silently train nothing or the wrong thing, so the export
+  fails naming the record (unless `--skip-broken`).
 * audit (`audit_problems`): answers whose tokens are suspect, by the token checks of
   `draftgen audit` (`draftgen.audit.checks`): a finished answer that does not end with the
   format's stop token, a cut-off one that does, a stop token in the middle, or a special-token
@@ -23,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from draftgen.audit.checks import CUT_OFF, FINISHED, TokenSpec, stop_token_problems
+from draftgen.audit.checks import CUT_OFF, FINISHED, Checked, TokenSpec, stop_token_problems
 from draftgen.audit.checks import claim_problems as _claim_problems
 from draftgen.errors import DraftgenError
+from draftgen.store.record import Damaged, Record
 
-__all__ = ["CUT_OFF", "FINISHED", "BrokenRow", "audit_problems", "mask_problem",
-           "structure_problem"]
+__all__ = ["CUT_OFF", "FINISHED", "BrokenRow", "audit_problems", "damaged_problem",
+           "mask_problem", "structure_problem"]
 
 
 class BrokenRow(DraftgenError):
@@ -46,18 +48,33 @@ def _is_id_list(value: Any) -> bool:
     return not ids or int(np.frombuffer(ids, dtype=np.int64).min()) >= 0
 
 
-def structure_problem(record: dict[str, Any]) -> str | None:
-    """Why this record cannot become a training row, or None."""
-    if not isinstance(record.get("id"), str):
+def structure_problem(record: Record) -> str | None:
+    """Why this record cannot become a training row, or None (its IDs are token IDs: its
+    decoding checked them)."""
+    return _empty_problem(record.input_ids, record.output_ids)
+
+
+def damaged_problem(record: Damaged) -> str:
+    """Why a damaged line cannot become a training row: what is wrong with its IDs, else the
+    field that is not a record's."""
+    return _ids_problem(record.fields) or record.error
+
+
+def _ids_problem(fields: dict[str, Any]) -> str | None:
+    if not isinstance(fields.get("id"), str):
         return "record has no string id"
     for key in ("input_ids", "output_ids"):
-        if key not in record:
+        if key not in fields:
             return f"{key} missing"
-        if not _is_id_list(record[key]):
+        if not _is_id_list(fields[key]):
             return f"{key} is not a list of token IDs"
-    if not record["input_ids"]:
+    return _empty_problem(fields["input_ids"], fields["output_ids"])
+
+
+def _empty_problem(input_ids: list[int], output_ids: list[int]) -> str | None:
+    if not input_ids:
         return "empty input_ids (no prompt: the loss mask would be all-one)"
-    if not record["output_ids"]:
+    if not output_ids:
         return "empty output_ids (no answer: the loss mask would be all-zero)"
     return None
 
@@ -77,14 +94,14 @@ def mask_problem(input_ids: Sequence[int], loss_mask: Sequence[int]) -> str | No
     return None
 
 
-def audit_problems(record: dict[str, Any], stop: int | TokenSpec | None) -> list[str]:
+def audit_problems(record: Checked, stop: int | TokenSpec | None) -> list[str]:
     """Audit reasons to exclude this answer (empty when it passes): the stop-token checks of
     `draftgen audit` (`stop`: the format's stop token ID, or its TokenSpec; None skips them)
     and the special-token text flags."""
     problems = [p for p in _claim_problems(record) if p.startswith("special_token_in_")]
-    ids = record.get("output_ids") or []
+    ids = record.output_ids or []
     if stop is None or not ids:
         return problems
     spec = stop if isinstance(stop, TokenSpec) else TokenSpec.of_stop(stop)
-    return [*problems, *stop_token_problems(ids, record.get("finish_reason"), spec.stop_ids,
+    return [*problems, *stop_token_problems(ids, record.finish_reason, spec.stop_ids,
                                             spec.continuation)]

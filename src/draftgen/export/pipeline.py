@@ -35,8 +35,8 @@ from draftgen.export.options import ExportError, ExportFormat, ExportOptions
 from draftgen.export.rows import TrainRow, build_row, sampling
 from draftgen.export.select import CapFinder, DatasetTally, Pick, Selector
 from draftgen.export.source import (
+    Answer,
     ReadCounts,
-    Record,
     RunSource,
     RunTokenizer,
     SourceError,
@@ -44,6 +44,7 @@ from draftgen.export.source import (
     open_run,
 )
 from draftgen.export.writers import ParquetSink, Sink, SpecForgeSink, SpeculatorsSink
+from draftgen.store.record import Record, decode_record, encode_record
 from draftgen.store.runinfo import SETTINGS, changed_settings
 from draftgen.store.shards import run_folder_at_or_above, run_folder_below
 
@@ -214,7 +215,7 @@ def _make_sink(opts: ExportOptions, staging: Path, source: RunSource, tok: RunTo
 
 
 def _records(source: RunSource, dataset: str, tally: DatasetTally | None = None
-             ) -> Iterator[Record]:
+             ) -> Iterator[Answer]:
     """The dataset's answers; with `tally`, what was skipped is counted there and logged (an
     answer repeating one of an earlier shard folder counts as an excluded duplicate)."""
     counts = ReadCounts()
@@ -237,7 +238,7 @@ def _cap_thresholds(source: RunSource, datasets: list[str], selector: Selector,
         finder = CapFinder(caps[d])
         for record in _records(source, d):
             if selector.exclusion(d, record) is None:
-                finder.add(selector.order_keys(d, record["id"]))
+                finder.add(selector.order_keys(d, record.id))
         out[d] = finder.threshold()
     return out
 
@@ -256,10 +257,11 @@ def _picks(source: RunSource, datasets: list[str], selector: Selector,
             if reason:
                 tally.excluded[reason] += 1
                 continue
-            if selector.copies(d, record["id"]) == 0:
+            assert isinstance(record, Record)  # a damaged line always has a reason
+            if selector.copies(d, record.id) == 0:
                 tally.excluded["weight"] += 1
                 continue
-            picks = selector.picks(d, record["id"])
+            picks = selector.picks(d, record.id)
             if not picks:
                 tally.excluded["cap"] += 1
                 continue
@@ -311,7 +313,7 @@ def _sorted_by_key(items: Iterator[Item], source: RunSource, datasets: list[str]
 
 def _spill_line(dataset: str, record: Record, pick: Pick) -> bytes:
     head = f"{pick.key:016x}\t{pick.copy}\t{pick.split}\t{dataset}\t".encode()
-    return head + orjson.dumps(record) + b"\n"
+    return head + encode_record(record) + b"\n"
 
 
 def _read_bucket(path: Path) -> Iterator[Item]:
@@ -323,7 +325,7 @@ def _read_bucket(path: Path) -> Iterator[Item]:
     for line in lines:
         key, copy, split, dataset, body = line.split(b"\t", 4)
         pick = Pick(int(key, 16), int(copy), split.decode())
-        yield dataset.decode(), orjson.loads(body), pick
+        yield dataset.decode(), decode_record(body), pick
 
 
 # ---- writing --------------------------------------------------------------------------------

@@ -8,10 +8,7 @@ from typing import Any
 import orjson
 
 from draftgen.export.checks import BrokenRow, mask_problem
-
-Record = dict[str, Any]
-
-USAGE_INT_FIELDS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")
+from draftgen.store.record import Record
 
 
 @dataclass(slots=True)
@@ -30,14 +27,13 @@ class TrainRow:
 
     @property
     def id(self) -> str:
-        return self.record["id"]
+        return self.record.id
 
 
 def build_row(dataset: str, record: Record, split: str, max_len: int | None) -> TrainRow:
     """input_ids = prompt + answer, loss_mask 0 on the prompt and 1 on the answer, cut to
     max_len when given. Raises BrokenRow when the mask is not sound."""
-    prompt: list[int] = record["input_ids"]
-    answer: list[int] = record["output_ids"]
+    prompt, answer = record.input_ids, record.output_ids
     ids = prompt + answer
     mask = [0] * len(prompt) + [1] * len(answer)
     cut = max_len is not None and len(ids) > max_len
@@ -58,10 +54,10 @@ def check_row(row: TrainRow) -> None:
 
 
 def usage(record: Record) -> dict[str, Any]:
-    raw = record.get("usage") if isinstance(record.get("usage"), dict) else {}
-    out: dict[str, Any] = {k: _int(raw.get(k)) for k in USAGE_INT_FIELDS}
-    out["cost"] = _float(raw.get("cost"))
-    return out
+    use = record.usage
+    return {"prompt_tokens": use.prompt_tokens, "completion_tokens": use.completion_tokens,
+            "reasoning_tokens": use.reasoning_tokens, "cached_tokens": use.cached_tokens,
+            "cost": use.cost}
 
 
 def sampling(config_sampling: dict[str, Any]) -> dict[str, Any]:
@@ -87,10 +83,6 @@ def _float(value: Any) -> float | None:
     return float(value)
 
 
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 # ---- trainer row shapes ---------------------------------------------------------------------
 
 
@@ -104,16 +96,16 @@ def speculators_row(row: TrainRow, sampling_meta: dict[str, Any], text: str | No
     out["metadata"] = {
         "id": row.id,
         "dataset": row.dataset,
-        "finish_reason": _str(rec.get("finish_reason")),
+        "finish_reason": rec.finish_reason,
         "usage": usage(rec),
-        "cost_usd": _float(rec.get("cost_usd")),
-        "backend": _str(rec.get("backend")),
-        "provider": _str(rec.get("provider")),
-        "quantization": _str(rec.get("quantization")),
-        "model": _str(rec.get("model")),
+        "cost_usd": rec.cost_usd,
+        "backend": rec.backend,
+        "provider": rec.provider,
+        "quantization": rec.quantization,
+        "model": rec.model,
         "sampling": sampling_meta,
-        "token_source": _str(rec.get("token_source")),
-        "token_check": _str(rec.get("token_check")),
+        "token_source": rec.token_source,
+        "token_check": rec.token_check,
     }
     return out
 
@@ -124,11 +116,11 @@ def pretokenized_row(row: TrainRow) -> dict[str, Any]:
 
 def answer_message(rec: Record) -> dict[str, Any]:
     """The record's answer as an assistant message (OpenAI fields, `reasoning_content`)."""
-    answer: dict[str, Any] = {"role": "assistant", "content": rec.get("content") or ""}
-    if rec.get("reasoning") is not None:
-        answer["reasoning_content"] = rec["reasoning"]
-    if rec.get("tool_calls"):
-        answer["tool_calls"] = rec["tool_calls"]
+    answer: dict[str, Any] = {"role": "assistant", "content": rec.content or ""}
+    if rec.reasoning is not None:
+        answer["reasoning_content"] = rec.reasoning
+    if rec.tool_calls:
+        answer["tool_calls"] = rec.tool_calls
     return answer
 
 
@@ -137,15 +129,15 @@ def conversation_row(row: TrainRow) -> dict[str, Any]:
     rec = row.record
     # `tools` on every row: SpecForge's offline reader (Dataset.from_generator) drops the
     # column when the first rows lack it.
-    return {"id": row.id, "conversations": [*(rec.get("messages") or []), answer_message(rec)],
-            "tools": rec.get("tools") or []}
+    return {"id": row.id, "conversations": [*rec.messages, answer_message(rec)],
+            "tools": rec.tools or []}
 
 
 def flat_row(row: TrainRow) -> dict[str, Any]:
     """One parquet row: IDs, mask and flat metadata columns."""
     rec = row.record
     use = usage(rec)
-    created = _float(rec.get("created_at"))
+    created = rec.created_at
     return {
         "id": row.id,
         "dataset": row.dataset,
@@ -155,17 +147,17 @@ def flat_row(row: TrainRow) -> dict[str, Any]:
         "prompt_len": row.prompt_len,
         "answer_len": row.answer_len,
         "cut_to_max_len": row.cut,
-        "finish_reason": _str(rec.get("finish_reason")),
-        "token_source": _str(rec.get("token_source")),
-        "token_check": _str(rec.get("token_check")),
-        "flags": [str(f) for f in rec.get("flags") or []],
-        "backend": _str(rec.get("backend")),
-        "provider": _str(rec.get("provider")),
-        "quantization": _str(rec.get("quantization")),
-        "model": _str(rec.get("model")),
+        "finish_reason": rec.finish_reason,
+        "token_source": rec.token_source,
+        "token_check": rec.token_check,
+        "flags": rec.flags,
+        "backend": rec.backend,
+        "provider": rec.provider,
+        "quantization": rec.quantization,
+        "model": rec.model,
         **{f"usage_{k}": v for k, v in use.items()},
-        "cost_usd": _float(rec.get("cost_usd")),
-        "latency_s": _float(rec.get("latency_s")),
-        "retries": _int(rec.get("retries")),
+        "cost_usd": rec.cost_usd,
+        "latency_s": rec.latency_s,
+        "retries": rec.retries,
         "created_at": None if created is None else round(created * 1000),
     }

@@ -22,8 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from draftgen.export.checks import CUT_OFF, BrokenRow, audit_problems, structure_problem
+from draftgen.export.checks import (
+    CUT_OFF,
+    BrokenRow,
+    audit_problems,
+    damaged_problem,
+    structure_problem,
+)
 from draftgen.export.options import ALLOWED_CHECKS, ExportOptions, Overlong
+from draftgen.store.record import Damaged, Record
 
 _TWO64 = float(1 << 64)
 
@@ -70,17 +77,17 @@ class Selector:
 
     # ---- exclusion -----------------------------------------------------------------------
 
-    def exclusion(self, dataset: str, record: dict[str, Any]) -> str | None:
-        """Why this record is not exported (None: it is). Raises BrokenRow for a record that
-        cannot become a row, unless --skip-broken."""
+    def exclusion(self, dataset: str, record: Record | Damaged) -> str | None:
+        """Why this record is not exported (None: it is; never for a damaged line). Raises
+        BrokenRow for a record that cannot become a row, unless --skip-broken."""
+        if isinstance(record, Damaged):
+            return self._broken(dataset, record.id, damaged_problem(record))
         broken = structure_problem(record)
         if broken:
-            if self.opts.skip_broken:
-                return "broken_row"
-            raise BrokenRow(f"record {record.get('id')!r} (dataset {dataset}): {broken}")
-        if self.opts.exclude_truncated and record.get("finish_reason") in CUT_OFF:
+            return self._broken(dataset, record.id, broken)
+        if self.opts.exclude_truncated and record.finish_reason in CUT_OFF:
             return "truncated"
-        check = record.get("token_check")
+        check = record.token_check
         if check not in self.allowed:
             return f"token_check:{check}"
         if self.opts.checks:
@@ -89,13 +96,18 @@ class Selector:
                 return f"check:{problems[0]}"
         return self._length_exclusion(record)
 
-    def _length_exclusion(self, record: dict[str, Any]) -> str | None:
+    def _broken(self, dataset: str, rid: Any, problem: str) -> str:
+        if self.opts.skip_broken:
+            return "broken_row"
+        raise BrokenRow(f"record {rid!r} (dataset {dataset}): {problem}")
+
+    def _length_exclusion(self, record: Record) -> str | None:
         max_len = self.opts.max_len
         if max_len is None:
             return None
-        prompt_len = len(record["input_ids"])
+        prompt_len = len(record.input_ids)
         if self.opts.overlong is Overlong.drop:
-            return "over_max_len" if prompt_len + len(record["output_ids"]) > max_len else None
+            return "over_max_len" if prompt_len + len(record.output_ids) > max_len else None
         # Truncating keeps the prompt whole: a prompt that fills max_len leaves no answer.
         return "prompt_fills_max_len" if prompt_len >= max_len else None
 

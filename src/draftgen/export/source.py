@@ -12,10 +12,10 @@ nothing here writes in the run folder.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -31,12 +31,16 @@ from draftgen.store.reader import (
     Snapshot,
     complete_lines,
 )
+from draftgen.store.record import Damaged, Record, read_record
 from draftgen.store.shards import RunPart, seen_earlier
 from draftgen.tokenize import Tokenizer, TokenizerError, load_tokenizer
 
 log = logging.getLogger("draftgen.export")
 
-Record = dict[str, Any]
+Answer = Record | Damaged
+"""A line of responses.jsonl: its record, or a damaged one (a JSON object that is not a
+record), which the export reports as a broken row."""
+Line = TypeVar("Line")
 
 
 class SourceError(DraftgenError):
@@ -104,22 +108,22 @@ class RunSource:
         return sum(s.size for d in datasets for s in self.responses.get(d, []))
 
     def answers(self, dataset: str, counts: ReadCounts | None = None, report: bool = False
-                ) -> Iterator[Record]:
+                ) -> Iterator[Answer]:
         """The dataset's answers, file after file; an answer to a prompt answered in an
         earlier folder is skipped and counted in `counts.duplicates`. `report`: log what was
         skipped (torn last lines, lines that are not JSON)."""
         counts = counts if counts is not None else ReadCounts()
         for snapshot, repeated in zip(self.responses.get(dataset, []), self._repeated(dataset),
                                       strict=True):
-            for record in _read(snapshot, counts, report):
-                if repeated and id_hash(str(record.get("id"))) in repeated:
+            for record in _read(snapshot, counts, report, _parse):
+                if repeated and id_hash(str(record.id)) in repeated:
                     counts.duplicates += 1
                     continue
                 yield record
 
-    def failure_lines(self, dataset: str, report: bool = False) -> Iterator[Record]:
+    def failure_lines(self, dataset: str, report: bool = False) -> Iterator[dict[str, Any]]:
         for snapshot in self.failures.get(dataset, []):
-            yield from _read(snapshot, ReadCounts(), report)
+            yield from _read(snapshot, ReadCounts(), report, _parse_object)
 
     def _repeated(self, dataset: str) -> list[set[int]]:
         """Per responses file, the ID hashes an earlier folder answered (from the indexes;
@@ -136,9 +140,10 @@ class RunSource:
         return self._repeats[dataset]
 
 
-def _read(snapshot: Snapshot, counts: ReadCounts, report: bool) -> Iterator[Record]:
+def _read(snapshot: Snapshot, counts: ReadCounts, report: bool,
+          parse: Callable[[bytes], Line | None]) -> Iterator[Line]:
     scan = LineScan()
-    yield from iter_jsonl(snapshot, scan)
+    yield from iter_jsonl(snapshot, scan, parse)
     counts.torn_tail_bytes += scan.torn_tail_bytes
     counts.bad_lines += len(scan.bad_lines)
     if report:
@@ -188,10 +193,12 @@ def _sessions(run: Run) -> list[dict[str, Any]]:
     return sessions
 
 
-def iter_jsonl(snapshot: Snapshot, scan: LineScan) -> Iterator[Record]:
-    """The JSON objects of a JSONL file up to its snapshot size, one at a time."""
+def iter_jsonl(snapshot: Snapshot, scan: LineScan, parse: Callable[[bytes], Line | None]
+               ) -> Iterator[Line]:
+    """The JSON objects of a JSONL file up to its snapshot size, one at a time, as `parse`
+    reads them."""
     for lineno, line in complete_lines(snapshot, scan):
-        record = _parse(line)
+        record = parse(line)
         if record is None:
             if line.strip():
                 scan.bad_lines.append(lineno)
@@ -199,7 +206,11 @@ def iter_jsonl(snapshot: Snapshot, scan: LineScan) -> Iterator[Record]:
         yield record
 
 
-def _parse(line: bytes) -> Record | None:
+def _parse(line: bytes) -> Answer | None:
+    return read_record(line)
+
+
+def _parse_object(line: bytes) -> dict[str, Any] | None:
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError:

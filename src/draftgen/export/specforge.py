@@ -31,6 +31,7 @@ from typing import Any
 from draftgen.errors import DraftgenError
 from draftgen.export.rows import answer_message
 from draftgen.formats import Format, FormatError
+from draftgen.store.record import Record
 from draftgen.tokenize import Tokenizer
 
 IM_START_USER = "<|im_start|>user\n"
@@ -115,7 +116,7 @@ class RoundTrip:
     an assistant message) encodes to these IDs, then the template's `after_answer`."""
 
 
-def round_trip(tokenizer: Tokenizer, fmt: Format | None, record: dict[str, Any],
+def round_trip(tokenizer: Tokenizer, fmt: Format | None, record: Record,
                ids: list[int], text: str, cut: bool) -> RoundTrip:
     """`text` is `tokenizer.decode(ids)`. A row cut at --max-len never round-trips as a
     conversation (the conversation holds the whole answer)."""
@@ -126,16 +127,16 @@ def round_trip(tokenizer: Tokenizer, fmt: Format | None, record: dict[str, Any],
 
 
 def _conversation_ids(tokenizer: Tokenizer, fmt: Format, template: SpecForgeTemplate,
-                      record: dict[str, Any]) -> list[int] | None:
+                      record: Record) -> list[int] | None:
     """The IDs SpecForge reads for this conversation, less the template's tail after the
     answer; None when the rendering does not end with that tail. The format renders the
     answer as a history turn, as the chat template does (edge newlines of reasoning and
     content stripped, tool-call separators of its own)."""
-    messages = [*(record.get("messages") or []), answer_message(record)]
+    messages = [*record.messages, answer_message(record)]
     # prompt_text ends with the generation prompt (the template's assistant header): the
     # rendering with add_generation_prompt=False is what precedes it.
     try:
-        rendered = fmt.prompt_text(messages, record.get("tools") or None)
+        rendered = fmt.prompt_text(messages, record.tools or None)
     except FormatError:  # an answer the template cannot render (the row is not exact)
         return None
     tail = template.after_answer + template.assistant_header

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftgen.export.source import ReadCounts, RunSource, load_run_tokenizer
+from draftgen.store.record import Damaged, Record
 from draftgen.tally import Tally
 
 SAMPLE_CAP = 200_000
@@ -107,12 +108,6 @@ class RunStats:
         self.last_at = t if self.last_at is None else max(self.last_at, t)
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
 class LengthSplitter:
     """Reasoning vs content tokens of an answer: split at the format's end-of-reasoning token
     when the run's tokenizer loads, else the engine's usage.reasoning_tokens."""
@@ -120,31 +115,27 @@ class LengthSplitter:
     def __init__(self, end_think_id: int | None) -> None:
         self.end_think_id = end_think_id
 
-    def split(self, record: dict[str, Any]) -> tuple[int | None, int]:
-        ids = record.get("output_ids") or []
+    def split(self, record: Record) -> tuple[int | None, int]:
+        ids = record.output_ids
         total = len(ids)
         if self.end_think_id is not None:
             if self.end_think_id in ids:
                 cut = ids.index(self.end_think_id) + 1
                 return cut, total - cut
-            if record.get("reasoning") and not record.get("content"):
+            if record.reasoning and not record.content:
                 return total, 0  # cut off inside the reasoning
             return 0, total
-        reasoning = _num((record.get("usage") or {}).get("reasoning_tokens"))
+        reasoning = record.usage.reasoning_tokens
         if reasoning is None:
             return None, total
-        r = min(int(reasoning), total)
+        r = min(reasoning, total)
         return r, total - r
 
 
-def answer_cost(record: dict[str, Any]) -> float:
-    """What the answer cost: the runner's cost_usd (reported, or priced by the backend), else
-    the usage.cost the backend reported."""
-    cost = _num(record.get("cost_usd"))
-    if cost is None:
-        usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
-        cost = _num(usage.get("cost"))
-    return cost or 0.0
+def answer_cost(record: Record) -> float:
+    """What the answer cost: the runner's cost_usd (reported, or priced by the backend; 0.0
+    in records written before it)."""
+    return record.cost_usd
 
 
 def collect(source: RunSource) -> RunStats:
@@ -166,43 +157,47 @@ def collect(source: RunSource) -> RunStats:
 def _collect_answers(source: RunSource, name: str, ds: DatasetStats, stats: RunStats,
                      splitter: LengthSplitter) -> None:
     counts = ReadCounts()
+    damaged = 0
     for record in source.answers(name, counts, report=True):
+        if isinstance(record, Damaged):
+            damaged += 1
+            continue
         add_answer(record, ds, stats, splitter)
-    ds.torn_tail_bytes, ds.bad_lines = counts.torn_tail_bytes, counts.bad_lines
+    ds.torn_tail_bytes, ds.bad_lines = counts.torn_tail_bytes, counts.bad_lines + damaged
     ds.duplicates = counts.duplicates
 
 
-def add_answer(record: dict[str, Any], ds: DatasetStats, stats: RunStats,
+def add_answer(record: Record, ds: DatasetStats, stats: RunStats,
                splitter: LengthSplitter) -> None:
     cost = answer_cost(record)
-    ids = record.get("output_ids") or []
+    ids = record.output_ids
     ds.answers += 1
     ds.output_tokens += len(ids)
     ds.cost += cost
-    ds.finish[str(record.get("finish_reason"))] += 1
-    ds.checks[str(record.get("token_check"))] += 1
-    ds.sources[str(record.get("token_source"))] += 1
+    ds.finish[str(record.finish_reason)] += 1
+    ds.checks[record.token_check] += 1
+    ds.sources[record.token_source] += 1
     reasoning, content = splitter.split(record)
     if reasoning is not None:
         ds.reasoning_tokens += reasoning
         ds.reasoning_len.add(reasoning)
     ds.content_len.add(content)
-    latency = _num(record.get("latency_s"))
-    backend = stats.backend(str(record.get("backend")))
+    latency = record.latency_s
+    backend = stats.backend(record.backend)
     backend.answers += 1
     backend.cost += cost
     backend.output_tokens += len(ids)
     if latency is not None:
         ds.latency.add(latency)
         backend.latency.add(latency)
-    created = _num(record.get("created_at"))
+    created = record.created_at
     if created is not None:
         stats.seen_at(created)
         cell = backend.bins.setdefault(int(created // BIN_S), [0.0, 0.0])
         cell[0] += 1
         cell[1] += cost
-    provider = record.get("provider") or "(not reported)"
-    quant = record.get("quantization")
+    provider = record.provider or "(not reported)"
+    quant = record.quantization
     stats.providers[f"{provider} · {quant}" if quant else str(provider)] += 1
 
 

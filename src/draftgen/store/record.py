@@ -9,9 +9,11 @@ reader gets either a `Record` whose fields are what they say or a `RecordError` 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
+import orjson
 
 from draftgen.errors import DraftgenError
 
@@ -84,6 +86,33 @@ def decode_record(line: bytes | str) -> Record:
         return _DECODER.decode(line)
     except msgspec.DecodeError as e:
         raise RecordError(f"not a record: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Damaged:
+    """A line that is a JSON object but not a `Record` (a field missing or of the wrong type):
+    the object as it is, for the readers that report such lines (audit, export)."""
+
+    fields: dict[str, Any]
+    error: str
+    """`RecordError`'s message, naming the field."""
+
+    @property
+    def id(self) -> Any:
+        return self.fields.get("id")
+
+
+def read_record(line: bytes | str) -> Record | Damaged | None:
+    """The record of one line; a `Damaged` for a JSON object that is not a record; None for a
+    line that is not a JSON object."""
+    try:
+        return decode_record(line)
+    except RecordError as e:
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return None
+        return Damaged(value, str(e)) if isinstance(value, dict) else None
 
 
 def record_as_dict(record: Record) -> dict[str, Any]:

@@ -1,0 +1,145 @@
+"""`store.record.Record`: the README's record table names exactly its fields, and a line the
+runner writes reads back as a `Record` with the same values (older lines with the defaults,
+wrong types as a `RecordError` naming the field)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import orjson
+import pytest
+
+from draftgen.export.checks import damaged_problem, structure_problem
+from draftgen.runner import make_record
+from draftgen.store.record import (
+    FIELDS,
+    Damaged,
+    Record,
+    RecordError,
+    Usage,
+    decode_record,
+    encode_record,
+    read_record,
+    record_as_dict,
+)
+from draftgen.types import Prompt, RawAnswer, Rebuilt
+from draftgen.types import Usage as RawUsage
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TABLE_HEADING = "## The record (one line of `<dataset>/responses.jsonl`)"
+
+
+def _table_rows() -> dict[str, str]:
+    """The record table of the README: each field it names → its row's meaning."""
+    text = README.read_text(encoding="utf-8")
+    assert TABLE_HEADING in text, "README has no record table"
+    section = text.split(TABLE_HEADING, 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].startswith("`"):
+            continue
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            rows[name] = cells[1]
+    return rows
+
+
+def test_the_readme_names_every_field_and_no_other() -> None:
+    rows = _table_rows()
+    assert list(rows) == list(FIELDS), "README's record table and Record disagree"
+    usage_row = rows["usage"]
+    for name in Usage.__struct_fields__:
+        assert f"`{name}`" in usage_row, f"README's usage row does not name {name}"
+
+
+def _runner_record(*, tools: bool, session: int | None) -> dict[str, Any]:
+    """A record as `runner.make_record` writes it today."""
+    prompt = Prompt(id="d/7", dataset="d",
+                    messages=[{"role": "user", "content": "Weather in Paris?"}],
+                    tools=[{"type": "function", "function": {"name": "weather"}}] if tools
+                    else None)
+    raw = RawAnswer(reasoning="Look it up.", content=None, finish_reason="tool_calls",
+                    usage=RawUsage(prompt_tokens=12, completion_tokens=5, reasoning_tokens=3,
+                                   cost=0.00012),
+                    provider="Alpha", quantization="fp8", model="m", request_id="gen-1")
+    calls = [{"id": "c0", "type": "function",
+              "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]
+    rebuilt = Rebuilt([5, 6, 7, 8, 2], "native", "exact", "Look it up.", None, calls,
+                      ["ids_from_logprobs"])
+    backend = SimpleNamespace(name="paid", cfg=SimpleNamespace(provider={"ignore": ["beta"]}))
+    return make_record(prompt, [1, 2, 3, 4], raw, rebuilt, backend,  # type: ignore[arg-type]
+                       0.00012, 1.2345, 1, cost_source="reported", session=session)
+
+
+@pytest.mark.parametrize(("tools", "session"), [(True, 2), (False, None)])
+def test_a_runner_line_reads_back_with_the_same_values(tools: bool, session: int | None
+                                                       ) -> None:
+    written = _runner_record(tools=tools, session=session)
+    line = orjson.dumps(written)
+    record = decode_record(line)
+    assert isinstance(record, Record)
+    assert record_as_dict(record) == orjson.loads(line)
+    assert orjson.loads(encode_record(record)) == orjson.loads(line)
+    assert list(orjson.loads(encode_record(record))) == list(written)  # the same key order
+    assert ("tools" in written) is tools and ("session" in written) is (session is not None)
+    assert read_record(line) == record
+
+
+def test_an_older_line_reads_with_the_defaults() -> None:
+    written = _runner_record(tools=False, session=None)
+    for key in ("cost_usd", "cost_source", "session"):
+        written.pop(key, None)
+    record = decode_record(orjson.dumps(written))
+    assert record.cost_source == "unknown" and record.cost_usd == 0.0
+    assert record.session is msgspec.UNSET and record.tools is msgspec.UNSET
+    assert "session" not in orjson.loads(encode_record(record))
+
+
+@pytest.mark.parametrize(("change", "where"), [
+    ({"input_ids": [1, "2", 3]}, "Expected `int`, got `str` - at `$.input_ids[1]`"),
+    ({"output_ids": [1, -2]}, "Expected `int` >= 0 - at `$.output_ids[1]`"),
+    ({"flags": "none"}, "Expected `array`, got `str` - at `$.flags`"),
+    ({"usage": {"prompt_tokens": 1.5}}, "Expected `int | null`, got `float` - at "
+                                        "`$.usage.prompt_tokens`"),
+])
+def test_a_wrong_type_is_a_record_error_naming_the_field(change: dict[str, Any],
+                                                        where: str) -> None:
+    line = orjson.dumps({**_runner_record(tools=True, session=0), **change})
+    with pytest.raises(RecordError) as caught:
+        decode_record(line)
+    assert where in str(caught.value)
+    damaged = read_record(line)
+    assert isinstance(damaged, Damaged) and damaged.id == "d/7"
+    assert where in damaged.error
+
+
+def test_a_missing_field_is_named() -> None:
+    written = _runner_record(tools=False, session=None)
+    del written["token_check"]
+    with pytest.raises(RecordError, match="missing required field `token_check`"):
+        decode_record(orjson.dumps(written))
+
+
+@pytest.mark.parametrize("line", [b"", b"not json", b'["not", "a", "record"]', b'"text"',
+                                  b'{"id": "torn", "input_ids": [1,'])
+def test_a_line_that_is_no_json_object_is_none(line: bytes) -> None:
+    assert read_record(line) is None
+    with pytest.raises(RecordError):
+        decode_record(line)
+
+
+def test_the_export_names_a_damaged_line_by_its_ids_else_by_its_field() -> None:
+    good = _runner_record(tools=False, session=None)
+    bad_ids = read_record(orjson.dumps({**good, "output_ids": [1, -2]}))
+    no_flags = read_record(orjson.dumps({k: v for k, v in good.items() if k != "flags"}))
+    assert isinstance(bad_ids, Damaged) and isinstance(no_flags, Damaged)
+    assert damaged_problem(bad_ids) == "output_ids is not a list of token IDs"
+    assert damaged_problem(no_flags) == "not a record: Object missing required field `flags`"
+    empty = decode_record(orjson.dumps({**good, "input_ids": []}))
+    assert structure_problem(empty) == ("empty input_ids (no prompt: the loss mask would be "
+                                        "all-one)")
+    assert structure_problem(decode_record(orjson.dumps(good))) is None
