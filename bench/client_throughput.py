@@ -269,7 +269,7 @@ def child_sdk(config: Path, workers: int) -> dict[str, Any]:
 
 def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
     from draftgen.config import load_config
-    from draftgen.runner import Runner, prepare
+    from draftgen.run import Runner, prepare
 
     cfg = load_config(config)
     with common.ThreadCPU() as threads, common.PhaseMeter() as m:

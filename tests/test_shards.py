@@ -28,7 +28,7 @@ from draftgen.cli import app
 from draftgen.config import DatasetConfig, load_config
 from draftgen.export import ExportFormat, ExportOptions, export_run
 from draftgen.report import write_report
-from draftgen.runner import Outcome, Runner, prepare
+from draftgen.run import Outcome, Runner, prepare
 from draftgen.scale.shards import (
     SHARDS_DIR,
     RunPart,

@@ -28,6 +28,7 @@ from draftgen.store.fast_index import IndexColumns, load_index_columns, torn_tai
 from draftgen.store.journal import JournalTail, as_usd, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
+from draftgen.store.record import Record
 from draftgen.store.rescue import Rescued, read_rescued
 from draftgen.store.resume import spend_in
 from draftgen.store.runinfo import RunJsonDamaged, read_run_json, session_unsettled_usd
@@ -767,10 +768,10 @@ def _sharded_status(root: Path, parts: list[RunPart], now: float | None) -> RunS
 
 def _in_flight(journal: JournalTail, datasets: dict[str, DatasetStatus],
                done_ids: dict[str, np.ndarray], failed_at: dict[str, dict[str, float]],
-               rescued: dict[str, list[dict[str, Any]]]) -> None:
+               rescued: dict[str, list[Record]]) -> None:
     """Requests sent and never ended, less those whose answer or failure is on disk (a kill
     between writing it and journaling it) or in a rescue file."""
-    rescued_ids = {(ds, r["id"]) for ds, records in rescued.items() for r in records}
+    rescued_ids = {(ds, r.id) for ds, records in rescued.items() for r in records}
     still_open = []
     for req in journal.open:
         ds = req.dataset or ""

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from draftgen.store.routing import routing_problems as routing_problems
+
 CUT_OFF = frozenset({"length"})
 """finish_reason values of an answer cut off by max_tokens: it has no end-of-turn token."""
 FINISHED = frozenset({"stop", "tool_calls", "eos"})
@@ -189,31 +191,6 @@ def claim_problems(record: Mapping[str, Any]) -> list[str]:
         problems.append("exact_not_native")
     flags = record.get("flags") or []
     problems.extend(p for p in _FLAG_PROBLEMS if p in flags)
-    return problems
-
-
-def _slug(name: Any) -> str:
-    return str(name).lower().replace(" ", "").replace("-", "").replace("_", "")
-
-
-def routing_problems(record: Mapping[str, Any], routing: Mapping[str, Any] | None
-                     ) -> list[str]:
-    """The answer's upstream provider and quantization against the backend's OpenRouter
-    provider routing (`ignore`, `only`, `quantizations`) and the runner's flag."""
-    problems = []
-    provider = record.get("provider")
-    excluded = "provider_excluded_by_config" in (record.get("flags") or [])
-    if routing and provider:
-        slug = _slug(provider)
-        only = {_slug(n) for n in routing.get("only") or []}
-        excluded |= slug in {_slug(n) for n in routing.get("ignore") or []}
-        excluded |= bool(only) and slug not in only
-    if excluded:
-        problems.append("provider_excluded")
-    quant = record.get("quantization")
-    allowed = routing.get("quantizations") if routing else None
-    if quant and allowed and _slug(quant) not in {_slug(q) for q in allowed}:
-        problems.append("quantization_excluded")
     return problems
 
 
