@@ -1,6 +1,6 @@
 """A run's budgets: the reservation ledger (`ledger`), the pool the shards of a run share
 (`pool`, its file in `store.pool_file`), a shard's lease on it (`lease`), and `Budget`, what the
-dispatcher asks of them the same way sharded or not (`run`)."""
+dispatcher asks of them the same way sharded or not (`run_budget`)."""
 
 from draftgen.budget.lease import ShardLease
 from draftgen.budget.ledger import (
@@ -29,7 +29,7 @@ from draftgen.budget.pool import (
     spend_of,
     tokens_key,
 )
-from draftgen.budget.run import Budget, SharedBudget, budget_for
+from draftgen.budget.run_budget import Budget, SharedBudget, budget_for
 
 __all__ = [
     "POLL_S",
