@@ -10,7 +10,7 @@ prompts. Two runs, each through `Runner.execute()` with one backend at concurren
 - tokens: `datasets[].max_output_tokens` = T; spent = the sum of `len(output_ids)`.
 
 One request's worst case: price(prompt tokens of the longest prompt, max_tokens) dollars, and
-`max_tokens` tokens. The documented bound (src/draftgen/budget.py, docs/budgets.md): no
+`max_tokens` tokens. The documented bound (src/draftgen/budget/ledger.py, docs/budgets.md): no
 overshoot when billed as priced; the token budget is never exceeded. So the printed overshoot
 is expected to be <= 0; "used" says how much of the budget the run got to spend.
 
@@ -38,7 +38,7 @@ PRICE = {"prompt": 1.0, "completion": 2.0}
 def _run(folder: Path, url: str, dataset: Path, max_tokens: int, concurrency: int,
          dataset_extra: dict[str, Any], **top: Any) -> dict[str, Any]:
     from draftgen.config import load_config
-    from draftgen.runner import Runner, prepare
+    from draftgen.run import Runner, prepare
 
     config = common.run_config(
         folder, url, [{"name": "bench", "path": str(dataset), **dataset_extra}],

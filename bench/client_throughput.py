@@ -269,7 +269,11 @@ def child_sdk(config: Path, workers: int) -> dict[str, Any]:
 
 def child_draftgen(config: Path, uvloop: bool) -> dict[str, Any]:
     from draftgen.config import load_config
-    from draftgen.runner import Runner, prepare
+
+    try:
+        from draftgen.run import Runner, prepare
+    except ImportError:  # a --baseline-src tree from before draftgen.run (issue 26)
+        from draftgen.runner import Runner, prepare  # type: ignore[no-redef]
 
     cfg = load_config(config)
     with common.ThreadCPU() as threads, common.PhaseMeter() as m:

@@ -11,7 +11,7 @@ for 1,000,000 answers by default.
 Measured, each in a fresh process, page cache warm (the files were just written), best of
 `--repeat`:
 
-- `breakdown`: inside one process, with `draftgen.runner`'s own functions timed: imports, config,
+- `breakdown`: inside one process, with `draftgen.run`'s own functions timed: imports, config,
   tokenizer (load + self-check), reading each dataset (`load_prompt_table`: the prompt cache, or
   the full parse when there is none), `Runner._resume()` (writing the prompt cache when it was
   just built, the scan of each dataset's index and failures, and the queue building), and the
@@ -67,8 +67,10 @@ def child_breakdown(config: Path, started: float) -> dict[str, Any]:
     t = time.perf_counter()
     import draftgen.datasets as datasets_mod
     import draftgen.datasets.table as table_mod
-    import draftgen.runner as runner_mod
+    import draftgen.run.plan as plan_mod
+    import draftgen.run.resume as resume_mod
     from draftgen.config import load_config
+    from draftgen.run import Runner, prepare
     phases["imports"] = time.perf_counter() - t
 
     def timed(name: str, fn: Any) -> Any:
@@ -84,31 +86,31 @@ def child_breakdown(config: Path, started: float) -> dict[str, Any]:
 
     async def dispatch(self: Any, slots: Any) -> None:
         ready["t"] = time.perf_counter()
-        self._stopping = True  # ready: send nothing
+        self.state.stop()  # ready: send nothing
 
-    runner_mod.load_tokenizer = timed("tokenizer_load", runner_mod.load_tokenizer)
-    runner_mod.self_check = timed("tokenizer_self_check", runner_mod.self_check)
-    runner_mod.load_prompt_table = timed("datasets_read", datasets_mod.load_prompt_table)
+    plan_mod.load_tokenizer = timed("tokenizer_load", plan_mod.load_tokenizer)
+    plan_mod.self_check = timed("tokenizer_self_check", plan_mod.self_check)
+    plan_mod.load_prompt_table = timed("datasets_read", datasets_mod.load_prompt_table)
     table_mod.write_cache = timed("prompt_cache_write", table_mod.write_cache)
-    runner_mod.Runner._resume = timed("resume_scan_and_queues", runner_mod.Runner._resume)
+    Runner._resume = timed("resume_scan_and_queues", Runner._resume)
     from_columns: list[bool] = []
-    real_scan = runner_mod.scan_dataset
+    real_scan = resume_mod.scan_dataset
 
     def scan(*a: Any) -> Any:
         on_disk, torn = real_scan(*a)
         from_columns.append(on_disk.from_columns)
         return on_disk, torn
 
-    runner_mod.scan_dataset = timed("index_scan", scan)
-    runner_mod.Runner._dispatch = dispatch
+    resume_mod.scan_dataset = timed("index_scan", scan)
+    Runner._dispatch = dispatch
 
     t = time.perf_counter()
     cfg = load_config(config)
     phases["config"] = time.perf_counter() - t
     t_prepare = time.perf_counter()
-    plan = runner_mod.prepare(cfg)
+    plan = prepare(cfg)
     phases["prepare"] = time.perf_counter() - t_prepare
-    runner = runner_mod.Runner(plan, live_display=False)
+    runner = Runner(plan, live_display=False)
     import asyncio
 
     t_exec = time.perf_counter()

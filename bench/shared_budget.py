@@ -44,7 +44,7 @@ def _run_shards(config: Path, shards: int) -> float:
 
 
 def _pool_step_ms(folder: Path, steps: int = 500) -> float:
-    from draftgen.scale.leases import USD, FilePool, PoolState
+    from draftgen.budget import USD, FilePool, PoolState
 
     pool = FilePool(folder)
     pool.apply_now(partial(PoolState.adopt, shard="0-of-1", totals={USD: 1e9}, spent={}))
@@ -66,8 +66,8 @@ def main() -> int:
     p.add_argument("--latency", type=float, default=0.5)
     args = p.parse_args()
 
+    from draftgen.budget import FilePool
     from draftgen.config import Price
-    from draftgen.scale.leases import FilePool
     from draftgen.store.shards import shard_folders
 
     common.print_machine()

@@ -12,7 +12,7 @@ import orjson
 import yaml
 
 from draftgen.config import load_config
-from draftgen.runner import Outcome, Runner, prepare
+from draftgen.run import Outcome, Runner, prepare
 
 WEATHER_TOOL = {
     "type": "function",

@@ -25,7 +25,7 @@ SERVER = {"mode": "openrouter", "prices": (PRICE.prompt, PRICE.completion),
 _SHARD_SCRIPT = """
 import asyncio, sys
 from draftgen.config import load_config
-from draftgen.runner import Runner, prepare
+from draftgen.run import Runner, prepare
 from draftgen.scale.shards import ShardSpec
 plan = prepare(load_config(sys.argv[1]), shard=ShardSpec.parse(sys.argv[2]))
 outcome = asyncio.run(Runner(plan, live_display=False).execute())

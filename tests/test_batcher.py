@@ -129,7 +129,7 @@ def test_a_run_is_prepared_with_its_tables_built(tmp_path: Path, qwen3_dir: Path
     tokenizer file, so that no encoder built earlier in this process is reused."""
     from draftgen.backends import make_backend
     from draftgen.config import load_config
-    from draftgen.runner import prepare
+    from draftgen.run import prepare
     from tests.e2e_helpers import fast_backend, write_config, write_jsonl
 
     tokenizer = tmp_path / "tok" / "tokenizer.json"

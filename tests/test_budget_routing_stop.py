@@ -16,7 +16,7 @@ import pytest
 
 from draftgen.budget import Ledger
 from draftgen.config import ConfigError, Price, load_config
-from draftgen.runner import Runner, prepare
+from draftgen.run import Runner, prepare
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import (
     fast_backend,

@@ -32,7 +32,7 @@ from draftgen.export import (
     export_run,
 )
 from draftgen.formats import get_format
-from draftgen.runner import make_record
+from draftgen.run import make_record
 from draftgen.store import Store
 from draftgen.store.runinfo import end_session, start_session
 from draftgen.tokenize import Tokenizer
@@ -126,7 +126,7 @@ def write_run(root: Path, tok: Tokenizer, sizes: dict[str, int]) -> Path:
             record = make_record(prompt, input_ids, raw, rebuilt, backend,  # type: ignore[arg-type]
                                  raw.usage.cost or 0.0, 1.0 + (i % 9) * 0.7, i % 3,
                                  cost_source="reported" if raw.usage.cost else "priced")
-            record["created_at"] = t0 + n * 30.0
+            record.created_at = t0 + n * 30.0
             store.append_record(name, record)
         for j in range(count // 10):
             store.append_failure(name, {

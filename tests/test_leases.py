@@ -11,20 +11,20 @@ from typing import TypeVar
 
 import pytest
 
-from draftgen.budget import Ledger
-from draftgen.config import Price, load_config
-from draftgen.runner import Runner, prepare
-from draftgen.scale.leases import (
+from draftgen.budget import (
     STALE_S,
     USD,
     BudgetPool,
     FilePool,
+    Ledger,
     PoolError,
     PoolOp,
     PoolState,
     ShardLease,
     tokens_key,
 )
+from draftgen.config import Price, load_config
+from draftgen.run import Runner, prepare
 from draftgen.scale.shards import ShardSpec, run_folders
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_records, write_config

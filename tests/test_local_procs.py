@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from draftgen.audit import audit_run
+from draftgen.budget import USD, FilePool
 from draftgen.config import load_config
-from draftgen.scale.leases import USD, FilePool
 from draftgen.scale.local import share_concurrency
 from draftgen.status import collect_status
 from draftgen.store.shards import ShardSpec, live_parts, run_parts, shard_of

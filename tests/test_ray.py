@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from draftgen.budget import USD, FilePool
 from draftgen.probe import ProbeOptions
-from draftgen.scale.leases import USD, FilePool
 from draftgen.store.lock import lock_holder
 from draftgen.store.runinfo import read_probe
 from draftgen.testing.fake_engine import TestServer

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from draftgen.export.checks import damaged_problem, structure_problem
-from draftgen.runner import make_record
+from draftgen.run import make_record
 from draftgen.store.record import (
     FIELDS,
     Damaged,
@@ -70,7 +70,8 @@ def _runner_record(*, tools: bool, session: int | None) -> dict[str, Any]:
               "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]
     rebuilt = Rebuilt([5, 6, 7, 8, 2], "native", "exact", "Look it up.", None, calls,
                       ["ids_from_logprobs"])
-    backend = SimpleNamespace(name="paid", cfg=SimpleNamespace(provider_routing={"ignore": ["beta"]}))
+    routing = {"ignore": ["beta"]}
+    backend = SimpleNamespace(name="paid", cfg=SimpleNamespace(provider_routing=routing))
     return make_record(prompt, [1, 2, 3, 4], raw, rebuilt, backend,  # type: ignore[arg-type]
                        0.00012, 1.2345, 1, cost_source="reported", session=session)
 

@@ -8,13 +8,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 
 from draftgen.export.source import open_run
-from draftgen.runner import Outcome
+from draftgen.run import Outcome
 from draftgen.status import collect_status
 from draftgen.store import RunLayout, Store, StoreError
+from draftgen.store.record import Record, decode_record, record_as_dict
 from draftgen.store.rescue import RESCUE, outside_folder, read_rescued, write_rescue
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_records, run_config, write_config, write_jsonl
@@ -46,7 +48,7 @@ def _failing_writes(monkeypatch: pytest.MonkeyPatch, after: int) -> None:
     real = Store.append_record
     calls = {"n": 0}
 
-    def append_record(self: Store, dataset: str, record: dict[str, Any]) -> None:
+    def append_record(self: Store, dataset: str, record: Record) -> None:
         calls["n"] += 1
         if calls["n"] > after:
             raise StoreError(f"{self.layout.responses(dataset)}: write failed: "
@@ -79,7 +81,7 @@ def test_answers_in_flight_at_a_write_failure_are_rescued_then_added(
         outcome, kept = _run_failing(cfg, run_dir, monkeypatch)
         sent_first = dict(server.stats["per_prompt"])
         rescued = read_rescued(RunLayout(run_dir))
-        parked = rescued.records["d"]
+        parked = [record_as_dict(r) for r in rescued.records["d"]]
         assert len(parked) == len(sent_first) - len(kept) > 0, "answers in flight were lost"
         assert str(rescued.files[0]) in outcome.message
         assert rescued.files[0].parent == run_dir / RESCUE
@@ -110,8 +112,10 @@ def test_answers_in_flight_at_a_write_failure_are_rescued_then_added(
     assert final.total.pending == 0 and final.rescued == 0
 
 
-def _record(i: int) -> dict[str, Any]:
-    return {"id": f"p{i}", "dataset": "d", "output_ids": [1, 2, 3], "cost_usd": 0.0}
+def _record(i: int) -> Record:
+    return Record(id=f"p{i}", dataset="d", messages=[], input_ids=[], output_ids=[1, 2, 3],
+                  token_source="native", token_check="exact", flags=[], reasoning=None,
+                  content=None, tool_calls=None, finish_reason="stop", backend="b")
 
 
 def test_rescue_goes_outside_when_the_run_folder_refuses(tmp_path: Path,
@@ -123,7 +127,7 @@ def test_rescue_goes_outside_when_the_run_folder_refuses(tmp_path: Path,
     assert path is not None and path.parent == outside_folder(layout.root)
     assert path.is_relative_to(_own_rescue_dir)
     assert len(errors) == 1 and str(layout.root / RESCUE) in errors[0]
-    assert [r["id"] for r in read_rescued(layout).records["d"]] == ["p1", "p2"]
+    assert [r.id for r in read_rescued(layout).records["d"]] == ["p1", "p2"]
 
 
 def test_a_bad_rescue_line_is_named(tmp_path: Path) -> None:
@@ -148,9 +152,10 @@ def test_rescued_answers_already_in_the_run_are_not_added_twice(
         cfg = _config(tmp_path, qwen3_dir, server.url)
         assert run_config(cfg).status == "completed"
         first = read_records(run_dir, "d")
-        twin = {**first[5], "content": "a different answer"}
+        twin = decode_record(orjson.dumps({**first[5], "content": "a different answer"}))
         write_rescue(layout, [twin], "s9")
-        other, _ = write_rescue(layout, [{**_record(1), "dataset": "other"}], "s10")
+        other, _ = write_rescue(layout, [msgspec.structs.replace(_record(1), dataset="other")],
+                                "s10")
         assert run_config(cfg).status == "completed"
         assert read_records(run_dir, "d") == first
         assert [p.name for p in read_rescued(layout).files] == [other.name], \

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from draftgen.config import load_config
-from draftgen.runner import Plan, Runner, prepare
+from draftgen.run import Plan, Runner, prepare
 from draftgen.scale.shards import ShardSpec
 from draftgen.store import RunLayout, Store, scan_dataset
 from draftgen.store.columns import read_rows

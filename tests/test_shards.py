@@ -28,7 +28,7 @@ from draftgen.cli import app
 from draftgen.config import DatasetConfig, load_config
 from draftgen.export import ExportFormat, ExportOptions, export_run
 from draftgen.report import write_report
-from draftgen.runner import Outcome, Runner, prepare
+from draftgen.run import Outcome, Runner, prepare
 from draftgen.status import collect_status
 from draftgen.store import RunLayout, RunLock
 from draftgen.store.layout import SHARDS_DIR

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from draftgen.config import RunConfig
-    from draftgen.runner import Plan
+    from draftgen.run.plan import Plan
     from draftgen.scale.shards import ShardSpec
 
 
@@ -102,7 +102,7 @@ def _print_plan(plan: Plan) -> None:
 
     from draftgen.config import LlamaCppConfig
     from draftgen.formats import FormatError
-    from draftgen.runner import render_each
+    from draftgen.run.plan import render_each
     from draftgen.tokenize import chunked
 
     out = _console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -187,7 +187,7 @@ def run(
     none left, nothing is sent."""
     from draftgen import perf
     from draftgen.config import load_config
-    from draftgen.runner import Runner, prepare
+    from draftgen.run import Runner, prepare
 
     _setup_logging(verbose)
     if no_probe and force_probe:

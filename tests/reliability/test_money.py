@@ -17,7 +17,7 @@ import pytest
 from draftgen.audit import audit_run
 from draftgen.audit.quarantine import quarantine
 from draftgen.config import ConfigError, load_config
-from draftgen.runner import Runner, prepare
+from draftgen.run import Runner, prepare
 from draftgen.scale.shards import ShardSpec
 from draftgen.status import collect_status
 from draftgen.store import RunLocked

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from draftgen.formats import get_format
-from draftgen.runner import PromptTooLong, render_within
+from draftgen.run import PromptTooLong, render_within
 from draftgen.store import Store, StoreError
 from draftgen.store.runinfo import write_atomic
 from draftgen.tokenize import Tokenizer

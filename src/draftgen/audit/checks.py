@@ -13,6 +13,8 @@ from itertools import pairwise
 from typing import Any
 
 from draftgen.store.record import Record
+from draftgen.store.routing import routing_problems as routing_problems
+from draftgen.store.routing import served_problems
 
 CUT_OFF = frozenset({"length"})
 """finish_reason values of an answer cut off by max_tokens: it has no end-of-turn token."""
@@ -224,40 +226,9 @@ def claim_problems(record: Checked) -> list[str]:
     return problems
 
 
-def _slug(name: Any) -> str:
-    return str(name).lower().replace(" ", "").replace("-", "").replace("_", "")
-
-
-def routing_problems(served: Mapping[str, Any], routing: Mapping[str, Any] | None
-                     ) -> list[str]:
-    """`served_problems` of an answer's {"provider", "quantization", "flags"} (the runner's
-    dict, before the answer is a record)."""
-    return served_problems(served.get("provider"), served.get("quantization"),
-                           served.get("flags"), routing)
-
-
 def record_routing_problems(record: Checked, routing: Mapping[str, Any] | None) -> list[str]:
     """`served_problems` of a record."""
     return served_problems(record.provider, record.quantization, record.flags, routing)
-
-
-def served_problems(provider: Any, quant: Any, flags: Any, routing: Mapping[str, Any] | None
-                    ) -> list[str]:
-    """The answer's upstream provider and quantization against the backend's OpenRouter
-    provider routing (`ignore`, `only`, `quantizations`) and the runner's flag."""
-    problems = []
-    excluded = "provider_excluded_by_config" in (flags or [])
-    if routing and provider:
-        slug = _slug(provider)
-        only = {_slug(n) for n in routing.get("only") or []}
-        excluded |= slug in {_slug(n) for n in routing.get("ignore") or []}
-        excluded |= bool(only) and slug not in only
-    if excluded:
-        problems.append("provider_excluded")
-    allowed = routing.get("quantizations") if routing else None
-    if quant and allowed and _slug(quant) not in {_slug(q) for q in allowed}:
-        problems.append("quantization_excluded")
-    return problems
 
 
 @dataclass

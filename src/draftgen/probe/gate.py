@@ -24,7 +24,7 @@ from draftgen.probe.model import BackendProbe, Problem
 from draftgen.store.runinfo import read_probe, record_probe
 
 if TYPE_CHECKING:
-    from draftgen.runner import Plan
+    from draftgen.run.plan import Plan
 
 log = logging.getLogger("draftgen.probe")
 

@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 from draftgen import perf
+from draftgen.budget import BudgetPool
 from draftgen.config import RunConfig
 from draftgen.probe.options import ProbeOptions
 from draftgen.redact import RedactingFilter
-from draftgen.runner import Outcome, Runner, prepare
-from draftgen.scale.leases import BudgetPool
+from draftgen.run import Outcome, Runner, prepare
 from draftgen.scale.shards import ShardSpec
 from draftgen.status import StatusError, collect_status, summary_line
 from draftgen.store.runinfo import read_probe

@@ -8,7 +8,7 @@ docs/benchmarks.md). `--procs N` runs shard I of N (`--shard I/N`, its own folde
 - each backend's `concurrency` (or its fleet's `slots_per_worker`) is split between the
   processes, so the endpoints see the run's configured total in flight (at least 1 per
   process: more processes than `concurrency` raise the total to one per process);
-- the budgets are shared through the file pool in `output_dir` (`scale.leases`), as for shards
+- the budgets are shared through the file pool in `output_dir` (`budget.pool`), as for shards
   run by hand, and `budget.usd_per_minute` is split evenly;
 - shard 0 starts first and the others once it has passed the probe gate, so a run is probed
   once, not once per process (the others reuse its stored result);
@@ -41,6 +41,7 @@ from types import FrameType
 
 import orjson
 
+from draftgen.budget import FilePool, PoolError, describe_pool
 from draftgen.config import BackendConfig, ConfigError, RunConfig, load_config
 from draftgen.errors import DraftgenError
 from draftgen.probe.options import ProbeOptions
@@ -54,7 +55,6 @@ from draftgen.scale.launch import (
     run_shard,
     wait_for_probe,
 )
-from draftgen.scale.leases import FilePool, PoolError, describe_pool
 from draftgen.scale.shards import ShardSpec
 
 PROGRESS_EVERY_S = 30.0

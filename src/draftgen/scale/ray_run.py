@@ -25,6 +25,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from draftgen.budget import BudgetPool, FilePool, PoolOp, PoolState, describe_pool
 from draftgen.config import ConfigError, load_config
 from draftgen.probe import ProbeOptions
 from draftgen.scale.launch import (
@@ -37,7 +38,6 @@ from draftgen.scale.launch import (
     wait_for_probe,
 )
 from draftgen.scale.launch import run_shard as launch_shard
-from draftgen.scale.leases import BudgetPool, FilePool, PoolOp, PoolState, describe_pool
 from draftgen.scale.shards import ShardSpec
 
 T = TypeVar("T")

@@ -17,6 +17,7 @@ from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash
 from draftgen.store.journal import JournalTail
 from draftgen.store.reader import RunFolder, Snapshot
+from draftgen.store.record import Record
 from draftgen.store.rescue import Rescued
 from draftgen.store.runinfo import session_unsettled_usd
 
@@ -145,10 +146,10 @@ def _read_rescued(folder: RunFolder) -> tuple[Rescued, str | None]:
 
 def _in_flight(journal: JournalTail, datasets: dict[str, DatasetStatus],
                done_ids: dict[str, np.ndarray], failed_at: dict[str, dict[str, float]],
-               rescued: dict[str, list[dict[str, Any]]]) -> None:
+               rescued: dict[str, list[Record]]) -> None:
     """Requests sent and never ended, less those whose answer or failure is on disk (a kill
     between writing it and journaling it) or in a rescue file."""
-    rescued_ids = {(ds, r["id"]) for ds, records in rescued.items() for r in records}
+    rescued_ids = {(ds, r.id) for ds, records in rescued.items() for r in records}
     still_open = []
     for req in journal.open:
         ds = req.dataset or ""

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from draftgen.errors import DraftgenError
+from draftgen.store.record import Record, encode_record
 
 
 class StoreError(DraftgenError):
@@ -50,8 +51,13 @@ class JsonlAppender:
         self._dirty = False
         self._pending: Future[None] | None = None
 
-    def append(self, record: Any) -> None:
-        self.append_bytes(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+    def append(self, obj: Any) -> None:
+        """One JSON line of plain values (journal events, failures)."""
+        self.append_bytes(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+
+    def append_record(self, record: Record) -> None:
+        """One answer's line (`store.record.encode_record`)."""
+        self.append_bytes(encode_record(record) + b"\n")
 
     def append_bytes(self, line: bytes) -> None:
         before = self._size

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from draftgen.store.record import Record
+
 
 @dataclass(slots=True)
 class IndexEntry:
@@ -42,7 +44,17 @@ class IndexEntry:
                    g("cost"), g("finish"), g("check"), g("t"), g("lat"), g("quant"))
 
 
-def entry_for(record: dict[str, Any], end: int) -> IndexEntry:
+def entry_for(record: Record | dict[str, Any], end: int) -> IndexEntry:
+    """The index entry of a record whose line ends at byte `end` of its data file: a `Record`
+    as the run writes it, or a line read back as JSON (which may be of an older schema)."""
+    if isinstance(record, Record):
+        return IndexEntry(
+            id=record.id, end=end, backend=record.backend, provider=record.provider,
+            out=len(record.output_ids), reasoning=record.usage.reasoning_tokens,
+            cost=float(record.cost_usd), finish=record.finish_reason,
+            check=record.token_check, t=record.created_at, lat=record.latency_s,
+            quant=record.quantization,
+        )
     usage = record.get("usage") or {}
     return IndexEntry(
         id=record["id"], end=end, backend=record.get("backend"),

@@ -16,13 +16,11 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from draftgen.store.appender import StoreError
 from draftgen.store.atomic import replace_file
 from draftgen.store.layout import RunLayout
+from draftgen.store.record import Record, RecordError, decode_record, encode_record
 
 RESCUE = ".rescue"
 RESCUE_DIR_ENV = "DRAFTGEN_RESCUE_DIR"
@@ -41,12 +39,12 @@ def rescue_folders(layout: RunLayout) -> list[Path]:
     return [layout.root / RESCUE, outside_folder(layout.root)]
 
 
-def write_rescue(layout: RunLayout, records: list[dict[str, Any]], name: str
+def write_rescue(layout: RunLayout, records: list[Record], name: str
                  ) -> tuple[Path | None, list[str]]:
     """Write the records to the first rescue folder that takes them, whole or not at all
     (written beside, synced, then renamed). Returns the file, or None, and why each folder
     tried before it failed."""
-    data = b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in records)
+    data = b"".join(encode_record(r) + b"\n" for r in records)
     errors: list[str] = []
     for folder in rescue_folders(layout):
         path = folder / f"{name}{SUFFIX}"
@@ -63,7 +61,7 @@ def write_rescue(layout: RunLayout, records: list[dict[str, Any]], name: str
 class Rescued:
     """Every rescue file of a run folder, read: records by dataset, and the files."""
 
-    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    records: dict[str, list[Record]] = field(default_factory=dict)
     datasets_of: dict[Path, set[str]] = field(default_factory=dict)
     """Each file, and the datasets its records are of."""
 
@@ -92,22 +90,17 @@ def read_rescued(layout: RunLayout) -> Rescued:
         datasets = rescued.datasets_of[path] = set()
         for number, line in enumerate(lines, 1):
             record = _record(path, number, line)
-            rescued.records.setdefault(record["dataset"], []).append(record)
-            datasets.add(record["dataset"])
+            rescued.records.setdefault(record.dataset, []).append(record)
+            datasets.add(record.dataset)
     return rescued
 
 
-def _record(path: Path, number: int, line: bytes) -> dict[str, Any]:
+def _record(path: Path, number: int, line: bytes) -> Record:
     try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError as e:
-        raise StoreError(f"{path}:{number}: not a JSON line ({e}); move the file away to "
+        return decode_record(line)
+    except RecordError as e:
+        raise StoreError(f"{path}:{number}: not an answer record ({e}); move the file away to "
                          "resume without it") from None
-    if not (isinstance(record, dict) and isinstance(record.get("id"), str)
-            and isinstance(record.get("dataset"), str)):
-        raise StoreError(f"{path}:{number}: not an answer record (no string 'id' and "
-                         "'dataset'); move the file away to resume without it")
-    return record
 
 
 def count_rescued(layout: RunLayout) -> int:

@@ -10,6 +10,7 @@ from draftgen.store.columns import row_bytes
 from draftgen.store.index import entry_for, sync_from_index
 from draftgen.store.journal import OpenTracker
 from draftgen.store.layout import TORN, RunLayout
+from draftgen.store.record import Record
 from draftgen.store.resume import cut_torn_tail
 
 
@@ -50,12 +51,16 @@ class Store:
             sync_from_index(self.layout.index(dataset))
         return self._file("columns", dataset)
 
-    def append_record(self, dataset: str, record: dict[str, Any]) -> None:
+    def append_record(self, dataset: str, record: Record | dict[str, Any]) -> None:
         """Append the record, then its index entry, then the entry's binary row (a kill
-        between these is repaired from the data on the next scan)."""
+        between these is repaired from the data on the next scan). The run writes `Record`s;
+        a dict is a line written as given (tests, lines of older schemas)."""
         columns = self._columns(dataset)
         data = self._file("responses", dataset)
-        data.append(record)
+        if isinstance(record, Record):
+            data.append_record(record)
+        else:
+            data.append(record)
         entry = entry_for(record, data.size)
         index = self._file("index", dataset)
         index.append_bytes(entry.to_json())

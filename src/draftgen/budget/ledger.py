@@ -17,7 +17,7 @@ it settles. A request whose worst case alone exceeds the bucket is admitted when
 full, so a rate below one request's worst case slows the run to one such request per minute.
 
 In a sharded run each shard's ledger holds the shard's lease on the run's budgets instead of the
-budgets themselves (`usd` and the token limits follow the lease; draftgen.scale.leases).
+budgets themselves (`usd` and the token limits follow the lease; `budget.lease`).
 """
 
 from __future__ import annotations

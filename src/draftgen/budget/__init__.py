@@ -1,0 +1,61 @@
+"""A run's budgets: the reservation ledger (`ledger`), the pool the shards of a run share
+(`pool`, its file in `store.pool_file`), a shard's lease on it (`lease`), and `Budget`, what the
+dispatcher asks of them the same way sharded or not (`run_budget`)."""
+
+from draftgen.budget.lease import ShardLease
+from draftgen.budget.ledger import (
+    PRICED,
+    REPORT_REFUSED,
+    REPORTED,
+    REPORTED_COST_RATIO,
+    Admission,
+    DatasetBudget,
+    Ledger,
+    Reservation,
+    answer_cost,
+    believable,
+)
+from draftgen.budget.pool import (
+    POLL_S,
+    STALE_S,
+    USD,
+    BudgetPool,
+    FilePool,
+    PoolError,
+    PoolOp,
+    PoolState,
+    describe_pool,
+    run_totals,
+    spend_of,
+    tokens_key,
+)
+from draftgen.budget.run_budget import Budget, SharedBudget, budget_for
+
+__all__ = [
+    "POLL_S",
+    "PRICED",
+    "REPORTED",
+    "REPORTED_COST_RATIO",
+    "REPORT_REFUSED",
+    "STALE_S",
+    "USD",
+    "Admission",
+    "Budget",
+    "BudgetPool",
+    "DatasetBudget",
+    "FilePool",
+    "Ledger",
+    "PoolError",
+    "PoolOp",
+    "PoolState",
+    "Reservation",
+    "ShardLease",
+    "SharedBudget",
+    "answer_cost",
+    "believable",
+    "budget_for",
+    "describe_pool",
+    "run_totals",
+    "spend_of",
+    "tokens_key",
+]

@@ -1,0 +1,50 @@
+"""One run of `draftgen run`: `plan` (what it will send, rendered), `resume` (a session's start
+on its folder), `dispatch` (datasets in turn, admission, backend slots), `request` (one
+request's life), `record` (the answer as written), `state` (phase and outcome), `session` (the
+`Runner`: lock, start-up, signals, what the session leaves in run.json).
+
+The names below are imported on first use, so that `draftgen.run.plan` (which the probe's
+gate needs) does not import the dispatcher and the backends."""
+
+from typing import TYPE_CHECKING
+
+from draftgen.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from draftgen.run.plan import (
+        DatasetPlan,
+        Pending,
+        Plan,
+        PromptTooLong,
+        prepare,
+        render_each,
+        render_within,
+    )
+    from draftgen.run.record import make_record
+    from draftgen.run.resume import SettingsChanged
+    from draftgen.run.session import Runner
+    from draftgen.run.state import Outcome, RunState
+
+__getattr__ = lazy_exports(__name__, {
+    "draftgen.run.plan": ("DatasetPlan", "Pending", "Plan", "PromptTooLong", "prepare",
+                          "render_each", "render_within"),
+    "draftgen.run.record": ("make_record",),
+    "draftgen.run.resume": ("SettingsChanged",),
+    "draftgen.run.session": ("Runner",),
+    "draftgen.run.state": ("Outcome", "RunState"),
+})
+
+__all__ = [
+    "DatasetPlan",
+    "Outcome",
+    "Pending",
+    "Plan",
+    "PromptTooLong",
+    "RunState",
+    "Runner",
+    "SettingsChanged",
+    "make_record",
+    "prepare",
+    "render_each",
+    "render_within",
+]

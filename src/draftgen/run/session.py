@@ -1,0 +1,321 @@
+"""`draftgen run`: datasets → scheduler → backends → format → store, crash-safe and resumable.
+
+Every answer is appended to its dataset's responses.jsonl as soon as it arrives; re-running
+on the same folder skips completed IDs, retries failed ones (up to `max_attempts`), and cuts a
+torn last line left by a kill. Every request is journaled when sent and when it ends, so the
+requests in flight at any stop are known.
+
+`Runner` is one session of a run: the run's lock, start-up (settings check, resume scan,
+backends, prices, probe), the dispatcher (`run.dispatch`), signals and stops, and what the
+session leaves in run.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from draftgen.backends import Backend, BackendNotReady, make_backend
+from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
+from draftgen.budget import BudgetPool, budget_for
+from draftgen.config import ConfigError, Price
+from draftgen.perf import tuned_gc
+from draftgen.probe import ProbeOptions, gate_backends
+from draftgen.progress import ProgressDisplay, RunCounters
+from draftgen.run.dispatch import Dispatcher
+from draftgen.run.plan import Pending, Plan
+from draftgen.run.request import Requests
+from draftgen.run.resume import (
+    KilledSession,
+    ResumeScan,
+    ask_bills,
+    killed_session,
+    settings_changes,
+)
+from draftgen.run.state import Outcome, RunState
+from draftgen.scale.shards import claim_run_folder
+from draftgen.scheduler import BackendSlots, NoBackendLeft
+from draftgen.store import RunLock, Store, StoreError
+from draftgen.store.rescue import write_rescue
+from draftgen.store.resume import StoredElsewhere
+from draftgen.store.runinfo import end_session, record_datasets, recover_run_json, start_session
+from draftgen.store.space import SpaceGuard
+
+log = logging.getLogger("draftgen")
+
+
+class Runner:
+    def __init__(self, plan: Plan, *, live_display: bool | None = None,
+                 probe: ProbeOptions | None = None, pool: BudgetPool | None = None,
+                 accept_changed_settings: bool = False) -> None:
+        self.plan = plan
+        self.accept_changed_settings = accept_changed_settings
+        """Resume even where the settings that define the data changed (`settings_changes`)."""
+        self.probe = probe
+        """Probe the backends before the first request (`draftgen run` does; off by default)."""
+        self.cfg = plan.cfg
+        self.root = plan.run_dir
+        self.store = Store(self.root, self.cfg.fsync_interval_s)
+        self.counters = RunCounters()
+        self.live_display = live_display
+        self.state = RunState()
+        self.queues: dict[str, deque[Pending]] = {}
+        self.budget = budget_for(self.cfg, plan.shard, pool)
+        """The ledger, and for a shard its lease on the run's shared budget (`pool`, by
+        default the run folder's file pool)."""
+        self.ledger = self.budget.ledger
+        self.elsewhere: list[StoredElsewhere] = []
+        """What the run's other folders (other shards, the unsharded root) hold, read once by
+        the resume scan."""
+        self.prices: dict[str, Price | None] = {}
+        self.session = 0
+        self._starting: asyncio.Future[bool] | None = None
+        self._rescue_file: Path | None = None
+        self._killed: KilledSession | None = None
+        """The last session, when it was killed (`resume.killed_session`)."""
+        self._bills: dict[str, float] = {}
+        """What the endpoint billed for the killed session's requests, by generation ID."""
+        self._unfit: dict[str, frozenset[str]] = {}
+        """Backend name -> the prompts it must not be sent (the probe's `Gate.unfit`)."""
+        self.requests = Requests(plan, self.store, self.ledger, self.state, self.counters,
+                                 self.prices, requeue=self._requeue)
+        self.dispatcher = Dispatcher(plan, self.queues, self.budget, self.requests, self.state,
+                                     self.counters, SpaceGuard(self.root, self.cfg.min_free_mb))
+
+    def _requeue(self, item: Pending) -> None:
+        self.queues[item.dataset].appendleft(item)
+
+    # ---- set-up ------------------------------------------------------------------------
+
+    def _resume(self) -> None:
+        """Queue every prompt not yet answered (`resume.ResumeScan`)."""
+        scan = ResumeScan(self.plan, self.store, self.budget, self.counters, self.session)
+        self.elsewhere = scan.run(self.queues, self._killed, self._bills)
+
+    async def _resolve_prices(self, backends: list[Backend]) -> None:
+        """Each backend's price: configured, else listed by the endpoint, else 0 for a
+        backend that does not bill. A budget with a paid backend of unknown price is an
+        error before anything is sent."""
+        budgeted = self.cfg.budget.usd is not None or self.cfg.budget.usd_per_minute is not None
+        for b in backends:
+            price = b.cfg.price or await b.listed_price()
+            if price is None and not b.cfg.is_paid:
+                price = Price(prompt=0, completion=0)
+            if price is None and budgeted:
+                raise ConfigError(
+                    f"backend {b.name!r}: no price known for a paid backend, so budget.usd "
+                    "cannot be enforced; set backends[].price: {prompt: ..., completion: ...} "
+                    "(USD per million tokens)"
+                )
+            self.prices[b.name] = price
+
+    async def _probe_gate(self, backends: list[Backend]) -> bool:
+        """With `probe` set: probe the started backends (or reuse run.json's results) and
+        remove from `backends` those unsafe for this run's datasets (draftgen.probe.gate).
+        False, with the run failed and nothing sent, when none is left."""
+        if self.probe is None:
+            return True
+        gate = await gate_backends(self.plan, backends, self.probe, self.store.layout.run_json,
+                                   [s.folder / "run.json" for s in self.elsewhere])
+        self.ledger.add_spent(gate.cost_usd)
+        self._unfit = gate.unfit
+        if gate.refused:
+            self.state.fail(gate.refused, stop=False)
+        return gate.refused is None
+
+    # ---- the run -----------------------------------------------------------------------
+
+    async def execute(self) -> Outcome:
+        lock = RunLock(self.store.layout.lock)
+        claim_run_folder(Path(self.cfg.output_dir), self.plan.shard, lock)
+        if lock.took_over_stale:
+            log.warning("%s: previous run did not exit cleanly; resuming", self.root)
+        outcome = Outcome("failed", "interrupted")
+        started = False
+        try:
+            recover_run_json(self.store.layout.run_json)
+            tokenizer = {"path": str(self.plan.tokenizer.path),
+                         "sha256": self.plan.tokenizer.sha256}
+            changes = settings_changes(self.cfg, self.root, tokenizer,
+                                       accept=self.accept_changed_settings)
+            self.session = self.requests.session = start_session(
+                self.store.layout.run_json, self.cfg.redacted(), tokenizer, changes)
+            started = True
+            try:
+                self._killed = killed_session(self.store, self.session)
+                if self._killed is not None:
+                    self._bills = await ask_bills(self.cfg, self._killed[1])
+                self._resume()
+            except OSError as e:  # the resume scan repairs files: a read-only or full disk
+                raise StoreError(f"{self.root}: cannot prepare the run folder: {e}") from None
+            await self.budget.start(self.elsewhere)
+            record_datasets(self.store.layout.run_json, self._dataset_totals())
+            with tuned_gc():
+                outcome = await self._run_backends()
+        finally:
+            if self.requests.parked:
+                outcome.message = "; ".join(filter(None, [outcome.message,
+                                                          self._write_parked()]))
+            try:
+                await self.budget.end()
+                self.store.close()
+                if started:
+                    record_datasets(self.store.layout.run_json, self._dataset_totals())
+                    end_session(self.store.layout.run_json, self.session, outcome.status,
+                                self._summary())
+            except StoreError as e:  # the run's own error (full disk...) is the one to show
+                log.error("%s; run.json not updated for this session", e)
+                if outcome.status != "failed":
+                    outcome = Outcome("failed", str(e))
+            finally:
+                lock.release()
+        outcome.counters = self.counters
+        return outcome
+
+    async def _run_backends(self) -> Outcome:
+        try:
+            async with ManagedServers(self.cfg.backends, run_dir=self.root,
+                                      max_tokens=self.cfg.sampling.max_tokens) as configs:
+                backends = [make_backend(b, self.cfg.model, self.cfg.sampling) for b in configs]
+                for backend in backends:
+                    backend.use_vocabulary(self.plan.tokenizer)
+                await self._run_with(backends)
+        except (ManagedServerError, BackendNotReady) as e:
+            self.state.fail(str(e), stop=False)
+        return self._outcome()
+
+    async def _run_with(self, backends: list[Backend]) -> None:
+        display_task: asyncio.Task[None] | None = None
+        self._install_signal_handlers()
+        try:
+            if self.dispatcher.out_of_space() or not await self._start_up(backends):
+                return
+            # The fast encoder, started by `prepare`, is built while the prompts are read, the
+            # run folder is scanned and the backends start; the first request waits for it.
+            await asyncio.to_thread(self.plan.tokenizer.warm_up)
+            display = ProgressDisplay(self.counters, live=self.live_display)
+            display_task = asyncio.create_task(display.run())
+            try:
+                await self._dispatch(BackendSlots(backends, self._unfit))
+            except NoBackendLeft as e:
+                if self.state.budget_stop:
+                    log.warning("%s", self.state.budget_stop)
+                else:
+                    self.state.fail(str(e), stop=False)
+        finally:
+            self._remove_signal_handlers()
+            if display_task is not None:
+                display_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await display_task
+            for b in backends:
+                await b.close()
+
+    async def _dispatch(self, slots: BackendSlots) -> None:
+        await self.dispatcher.run(slots)
+
+    async def _start_up(self, backends: list[Backend]) -> bool:
+        """Start the backends (a fleet may be waited for), price them, probe them. A stop asked
+        meanwhile cancels all this and the run ends having sent nothing (False), as does a
+        probe that leaves no backend."""
+        self._starting = asyncio.ensure_future(self._start_backends(backends))
+        try:
+            return await self._starting and self.state.sending
+        except asyncio.CancelledError:
+            if self.state.sending:  # cancelled from outside, not by request_stop
+                raise
+            return False
+        finally:
+            self._starting = None
+
+    async def _start_backends(self, backends: list[Backend]) -> bool:
+        for b in backends:
+            await b.start()
+        await self._resolve_prices(backends)
+        return await self._probe_gate(backends)
+
+    def _outcome(self) -> Outcome:
+        outcome = self.state.outcome(prompts_left=any(self.queues.values()))
+        if outcome.status == "budget":
+            for name, queue in self.queues.items():
+                self.counters.datasets[name].skipped += len(queue)
+                queue.clear()
+        self.counters.status = outcome.status
+        return outcome
+
+    # ---- stopping ------------------------------------------------------------------------
+
+    def request_stop(self, now: bool = False) -> None:
+        if self._starting is not None:  # nothing of the run sent yet: stop starting
+            self._starting.cancel()
+        if now or not self.state.sending:
+            self.state.abort()
+            self.counters.status = "aborting"
+            self.dispatcher.cancel_all()
+            return
+        self.state.stop()
+        self.counters.status = "stopping (waiting for requests in flight; Ctrl-C again aborts)"
+        log.warning("stop requested: no new requests; waiting for %d in flight",
+                    len(self.dispatcher.tasks))
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGINT, self.request_stop)
+            loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+            loop.add_signal_handler(signal.SIGUSR1, lambda: self.request_stop(now=True))
+
+    def _remove_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+    # ---- what the session leaves ---------------------------------------------------------
+
+    def _dataset_totals(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for ds in self.plan.datasets:
+            c = self.counters.datasets.get(ds.name)
+            out[ds.name] = {
+                "total": len(ds.prompts), "rows": ds.load.rows, "bad_rows": ds.load.bad_rows,
+                "duplicates": ds.load.duplicates,
+                "skipped_budget": c.skipped if c else 0,
+                "out_of_attempts": c.exhausted if c else 0,
+            }
+        return out
+
+    def _write_parked(self) -> str:
+        """Write the answers the run folder would not take to a rescue file; what became of
+        them, for the run's closing message."""
+        parked = self.requests.parked
+        name = f"session-{self.session}-{time.strftime('%Y%m%dT%H%M%S')}"
+        path, errors = write_rescue(self.store.layout, parked, name)
+        for error in errors:
+            log.warning("rescue file not written in %s", error)
+        if path is None:  # paid for and on no disk: later sessions must still count them
+            self.requests.unsettled_usd += sum(r.cost_usd for r in parked)
+            return (f"{len(parked)} answers in flight could not be written anywhere "
+                    "and are lost (their cost counts as spent in later sessions too)")
+        self._rescue_file = path
+        return (f"{len(parked)} answers in flight kept in {path}; the next run of this "
+                "config adds them")
+
+    def _summary(self) -> dict[str, Any]:
+        t = self.counters.total()
+        requests = self.requests
+        return {"done_now": t.done, "failed_now": t.failed, "done_total": t.done_before + t.done,
+                "skipped_budget": t.skipped, "total": t.total,
+                "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
+                "cost_usd_total": round(t.cost + t.cost_before, 6),
+                "unsettled_usd": round(requests.unsettled_usd, 6),
+                **({"cost_reports_refused": requests.refused_reports}
+                   if requests.refused_reports else {}),
+                **({"rescued": len(requests.parked), "rescue_file": str(self._rescue_file)}
+                   if requests.parked else {})}
