@@ -26,7 +26,7 @@ _SHARD_SCRIPT = """
 import asyncio, sys
 from draftgen.config import load_config
 from draftgen.run import Runner, prepare
-from draftgen.scale.shards import ShardSpec
+from draftgen.store.shards import ShardSpec
 plan = prepare(load_config(sys.argv[1]), shard=ShardSpec.parse(sys.argv[2]))
 outcome = asyncio.run(Runner(plan, live_display=False).execute())
 print(outcome.status, outcome.message)

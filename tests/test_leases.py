@@ -25,7 +25,7 @@ from draftgen.budget import (
 )
 from draftgen.config import Price, load_config
 from draftgen.run import Runner, prepare
-from draftgen.scale.shards import ShardSpec, run_folders
+from draftgen.store.shards import ShardSpec, run_folders
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_records, write_config
 from tests.shard_helpers import (

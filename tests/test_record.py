@@ -57,7 +57,7 @@ def test_the_readme_names_every_field_and_no_other() -> None:
 
 
 def _runner_record(*, tools: bool, session: int | None) -> dict[str, Any]:
-    """A record as `runner.make_record` writes it today."""
+    """The JSON of the line the run writes (`run.make_record`, encoded as the store does)."""
     prompt = Prompt(id="d/7", dataset="d",
                     messages=[{"role": "user", "content": "Weather in Paris?"}],
                     tools=[{"type": "function", "function": {"name": "weather"}}] if tools
@@ -72,8 +72,9 @@ def _runner_record(*, tools: bool, session: int | None) -> dict[str, Any]:
                       ["ids_from_logprobs"])
     routing = {"ignore": ["beta"]}
     backend = SimpleNamespace(name="paid", cfg=SimpleNamespace(provider_routing=routing))
-    return make_record(prompt, [1, 2, 3, 4], raw, rebuilt, backend,  # type: ignore[arg-type]
-                       0.00012, 1.2345, 1, cost_source="reported", session=session)
+    record = make_record(prompt, [1, 2, 3, 4], raw, rebuilt, backend,  # type: ignore[arg-type]
+                         0.00012, 1.2345, 1, cost_source="reported", session=session)
+    return orjson.loads(encode_record(record))
 
 
 @pytest.mark.parametrize(("tools", "session"), [(True, 2), (False, None)])

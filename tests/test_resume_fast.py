@@ -13,10 +13,10 @@ import pytest
 
 from draftgen.config import load_config
 from draftgen.run import Plan, Runner, prepare
-from draftgen.scale.shards import ShardSpec
 from draftgen.store import RunLayout, Store, scan_dataset
 from draftgen.store.columns import read_rows
 from draftgen.store.resume import DatasetOnDisk
+from draftgen.store.shards import ShardSpec
 from tests.e2e_helpers import fast_backend, mixed_rows, write_config, write_jsonl
 
 

@@ -1,4 +1,4 @@
-"""The shard of a prompt from the ID hash the prompt table caches (draftgen.scale.shards.
+"""The shard of a prompt from the ID hash the prompt table caches (draftgen.store.shards.
 shard_mask): the same shard as `ShardSpec.takes` for every ID, read fresh or from the cache."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from draftgen.config import DatasetConfig
 from draftgen.datasets import load_prompt_table
-from draftgen.scale.shards import ShardSpec, shard_mask, shard_of
 from draftgen.store.columns import id_hash
+from draftgen.store.shards import ShardSpec, shard_mask, shard_of
 from tests.e2e_helpers import mixed_rows, write_jsonl
 
 ODD_IDS = ["", "a", "caf\u00e9 \u2603", "x" * 5000, "ds/0", "ds/00", "\x00", "q0000001"]

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from draftgen.config import RunConfig
     from draftgen.run.plan import Plan
-    from draftgen.scale.shards import ShardSpec
+    from draftgen.store.shards import ShardSpec
 
 
 class _Commands(TyperGroup):
@@ -234,7 +234,7 @@ def run(
 def _shard_spec(shard: str | None, ray: int | None, ray_address: str | None,
                 dry_run: bool) -> ShardSpec | None:
     """--shard parsed; --ray and --ray-address checked against the other options."""
-    from draftgen.scale.shards import ShardSpec
+    from draftgen.store.shards import ShardSpec
 
     if ray is not None and shard is not None:
         raise _fail("--ray runs every shard itself: drop --shard")

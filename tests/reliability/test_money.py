@@ -18,9 +18,9 @@ from draftgen.audit import audit_run
 from draftgen.audit.quarantine import quarantine
 from draftgen.config import ConfigError, load_config
 from draftgen.run import Runner, prepare
-from draftgen.scale.shards import ShardSpec
 from draftgen.status import collect_status
 from draftgen.store import RunLocked
+from draftgen.store.shards import ShardSpec
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_failures, read_records, run_config, write_config
 from tests.reliability.helpers import (

@@ -26,8 +26,8 @@ from draftgen.budget.pool import (
     tokens_key,
 )
 from draftgen.config import RunConfig
-from draftgen.scale.shards import ShardSpec
 from draftgen.store.resume import StoredElsewhere
+from draftgen.store.shards import ShardSpec
 
 log = logging.getLogger("draftgen")
 

@@ -47,9 +47,9 @@ from typing import TypeVar
 import pydantic
 
 from draftgen.config import RunConfig
-from draftgen.scale.shards import shard_of_folder
 from draftgen.store.pool_file import PoolError, PoolFile
 from draftgen.store.resume import StoredElsewhere
+from draftgen.store.shards import shard_of_folder
 
 log = logging.getLogger("draftgen")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from draftgen.config import RunConfig
 from draftgen.datasets import LoadStats, PromptTable, load_prompt_table
 from draftgen.formats import Format, FormatError, get_format
-from draftgen.scale.shards import ShardSpec, shard_mask
 from draftgen.store import RunLayout
+from draftgen.store.shards import ShardSpec, shard_mask
 from draftgen.tokenize import Tokenizer, load_tokenizer, self_check
 from draftgen.types import Prompt
 

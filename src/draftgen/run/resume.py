@@ -19,7 +19,6 @@ from draftgen.config import ConfigError, RunConfig
 from draftgen.datasets import PromptTable
 from draftgen.progress import DatasetCounters, RunCounters
 from draftgen.run.plan import Pending, Plan, warn_bad_rows
-from draftgen.scale.shards import run_folders
 from draftgen.store import RunLayout, Store, scan_dataset
 from draftgen.store.journal import OpenRequest, read_journal
 from draftgen.store.record import Record
@@ -39,6 +38,7 @@ from draftgen.store.runinfo import (
     session_settings,
     session_unsettled_usd,
 )
+from draftgen.store.shards import run_folders
 
 log = logging.getLogger("draftgen")
 

@@ -39,12 +39,12 @@ from draftgen.run.resume import (
     settings_changes,
 )
 from draftgen.run.state import Outcome, RunState
-from draftgen.scale.shards import claim_run_folder
 from draftgen.scheduler import BackendSlots, NoBackendLeft
 from draftgen.store import RunLock, Store, StoreError
 from draftgen.store.rescue import write_rescue
 from draftgen.store.resume import StoredElsewhere
 from draftgen.store.runinfo import end_session, record_datasets, recover_run_json, start_session
+from draftgen.store.shards import claim_run_folder
 from draftgen.store.space import SpaceGuard
 
 log = logging.getLogger("draftgen")

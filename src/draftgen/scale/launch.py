@@ -20,9 +20,9 @@ from draftgen.config import RunConfig
 from draftgen.probe.options import ProbeOptions
 from draftgen.redact import RedactingFilter
 from draftgen.run import Outcome, Runner, prepare
-from draftgen.scale.shards import ShardSpec
 from draftgen.status import StatusError, collect_status, summary_line
 from draftgen.store.runinfo import read_probe
+from draftgen.store.shards import ShardSpec
 
 POLL_S = 0.2
 """How often a launcher looks at its shards."""

@@ -55,7 +55,7 @@ from draftgen.scale.launch import (
     run_shard,
     wait_for_probe,
 )
-from draftgen.scale.shards import ShardSpec
+from draftgen.store.shards import ShardSpec
 
 PROGRESS_EVERY_S = 30.0
 """How often the launcher prints the whole run's progress while the processes run."""

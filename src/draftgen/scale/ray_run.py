@@ -38,7 +38,7 @@ from draftgen.scale.launch import (
     wait_for_probe,
 )
 from draftgen.scale.launch import run_shard as launch_shard
-from draftgen.scale.shards import ShardSpec
+from draftgen.store.shards import ShardSpec
 
 T = TypeVar("T")
 

@@ -3,11 +3,14 @@ hold one shard of a sharded run (`draftgen run --shard I/N`).
 
 A shard folder is an ordinary run folder (run.json, lock, journal, one folder per dataset), so
 each shard resumes on its own; the readers (status, audit, export, report) open the root with
-`store.reader.Run`, which reads every folder of `run_parts` as one run.
+`store.reader.Run`, which reads every folder of `run_parts` as one run. A shard takes the
+prompts whose stable ID hashes to it (`shard_mask`) and claims its folder under a guard against
+a run of another layout on the same output_dir (`claim_run_folder`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 from collections.abc import Sequence
@@ -20,7 +23,7 @@ import numpy as np
 from draftgen.errors import DraftgenError
 from draftgen.store.columns import id_hash
 from draftgen.store.layout import SHARDS_DIR, RunLayout
-from draftgen.store.lock import lock_holder
+from draftgen.store.lock import RunLock, RunLocked, lock_holder, open_lock_file
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _FOLDER = re.compile(r"^(\d+)-of-(\d+)$")
@@ -67,7 +70,7 @@ def shard_of(prompt_id: str, count: int) -> int:
     """The shard of a prompt: the 64-bit hash of its stable ID (`store.columns.id_hash`, the
     same on every machine and Python, never the salted built-in `hash`) modulo the count. The
     prompt table caches that hash, so a dataset is split without hashing it
-    (`scale.shards.shard_mask`)."""
+    (`shard_mask`)."""
     return 0 if count == 1 else id_hash(prompt_id) % count
 
 
@@ -186,3 +189,48 @@ def seen_earlier(hashes: Sequence[np.ndarray]) -> list[np.ndarray]:
         out.append(mine[np.isin(mine, earlier, assume_unique=True)])
         earlier = np.union1d(earlier, mine)
     return out
+
+
+LAYOUT_GUARD = "layout.lock"
+"""In output_dir: held while a run checks the layouts live there and takes its folder's lock."""
+
+
+def shard_mask(id_hashes: np.ndarray, shard: ShardSpec) -> np.ndarray:
+    """For each prompt's `id_hash` (`PromptTable.id_hashes`), whether the shard takes it: the
+    same answer as `shard.takes(id)`, for a million prompts in milliseconds."""
+    hashes = np.asarray(id_hashes, dtype=np.uint64)
+    return hashes % np.uint64(shard.count) == np.uint64(shard.index)
+
+
+class LayoutConflict(RunLocked):
+    """A run of another layout (unsharded, or another shard count) is live on the output_dir."""
+
+
+def claim_run_folder(run_root: Path, shard: ShardSpec | None, lock: RunLock) -> None:
+    """Take `lock` (the run folder's own), refused while a run of another layout is live on the
+    same output_dir (an unsharded run beside shards, shards of another count): the two would
+    answer the same prompts twice and each spend the budget as if alone. The check and the
+    taking happen under an flock on output_dir/LAYOUT_GUARD, so that two runs starting at once
+    cannot both pass it. Shards of one count run side by side, as they are meant to."""
+    root = Path(run_root)
+    guard = root / LAYOUT_GUARD
+    fd = open_lock_file(guard, "the layout lock")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        mine = shard.count if shard else None
+        for part, holder in live_parts(all_parts(root)):
+            if (part.shard.count if part.shard else None) != mine:
+                raise LayoutConflict(_conflict_message(root, part, holder, shard))
+        lock.acquire()
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _conflict_message(root: Path, live: RunPart, holder: dict[str, Any],
+                      shard: ShardSpec | None) -> str:
+    theirs = f"shard {live.label}" if live.shard else "an unsharded run"
+    mine = f"shard {shard}" if shard else "an unsharded run"
+    return (f"{root}: {theirs} is running on this output_dir (pid {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')}); {mine} cannot run beside it (one output_dir has one "
+            f"layout at a time: both would answer the same prompts and spend the budget). Let "
+            f"it finish or stop it (draftgen stop {root}), then run again")
