@@ -61,6 +61,14 @@ class Record(msgspec.Struct, kw_only=True, gc=False):
     retries: int = 0
     created_at: float | None = None
     session: int | msgspec.UnsetType = msgspec.UNSET
+    conversation: str | msgspec.UnsetType = msgspec.UNSET
+    """`turns: all` datasets only (docs/trajectories.md): the conversation this turn belongs to."""
+    turn: int | msgspec.UnsetType = msgspec.UNSET
+    """The turn's index in its conversation's plan, from 0."""
+    end: str | None | msgspec.UnsetType = msgspec.UNSET
+    """Why the trajectory ends at this turn (`formats.trajectory.EndReason`); null: it goes on."""
+    sampling: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    """The settings drawn from the dataset's `sampling_mix` for this conversation ({}: none)."""
 
 
 FIELDS: tuple[str, ...] = Record.__struct_fields__
