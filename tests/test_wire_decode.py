@@ -223,7 +223,7 @@ ODD_BODIES: dict[str, bytes] = {
     "entry logprob an int": _body(_entries({"token": "a", "logprob": -1})),
     **{f"entry bytes {bad!r}": _body(_entries(ENTRY, {"token": "b", "bytes": bad}))
        for bad in ([256], [-1], "abc", 5, [1.5], [True])},
-    # Every entry's bytes are read as one string (`openai_chat._joined_bytes`): what it must
+    # Every entry's bytes are read as one string (`chat_logprobs._joined_bytes`): what it must
     # leave to the reading entry by entry.
     **{f"entry bytes {bad!r} alone": _body(_entries({"token": "b", "bytes": bad}))
        for bad in (5, [256], [1000], [[1]], [True], [], [0, 255], None, [1e300])},

@@ -7,7 +7,7 @@ followed by dict lookups (docs/benchmarks.md, client throughput).
 
 The types are strict, and `decode_completion` gives None for a body they do not describe: not
 JSON, not an object, a field of another type, a logprob entry that is not an object. A logprob
-entry's `bytes` stay JSON text (`msgspec.Raw`), checked by `openai_chat._decoded_logprobs`, which
+entry's `bytes` stay JSON text (`msgspec.Raw`), checked by `chat_logprobs.decoded_logprobs`, which
 gives up on anything but lists of byte values. The caller then reads that body with the
 generic parse (`orjson` and dict lookups), whose lenient rules and error messages stay the
 reference. Free-form values (tool calls, reasoning details, usage, errors) are kept as
@@ -39,7 +39,7 @@ class LogprobEntry(msgspec.Struct, gc=False):
 
     bytes: msgspec.Raw = _ABSENT
     """The JSON text of the byte values, as sent (empty when absent): checked and read as
-    bytes for all entries at once (`openai_chat._decoded_logprobs`), a third of the CPU of
+    bytes for all entries at once (`chat_logprobs.decoded_logprobs`), a third of the CPU of
     building a tuple of ints per entry and a `bytes` from each."""
     id: Int64 | None = None
 

@@ -65,7 +65,7 @@ class Record(msgspec.Struct, kw_only=True, gc=False):
     """`turns: all` datasets only (docs/trajectories.md): the conversation this turn belongs to."""
     turn: int | msgspec.UnsetType = msgspec.UNSET
     """The turn's index in its conversation's plan, from 0."""
-    end: str | None | msgspec.UnsetType = msgspec.UNSET
+    end: str | msgspec.UnsetType | None = msgspec.UNSET
     """Why the trajectory ends at this turn (`formats.trajectory.EndReason`); null: it goes on."""
     sampling: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     """The settings drawn from the dataset's `sampling_mix` for this conversation ({}: none)."""
