@@ -64,6 +64,14 @@ def chat_rows(n: int, turns: int = 3) -> list[dict[str, Any]]:
     return rows
 
 
+def engine_config(tmp_path: Path, qwen3_dir: Path, server: TestServer,
+                  datasets: list[dict[str, Any]], concurrency: int = 4, **top: Any) -> Path:
+    """A run.yaml with one chat backend (`vllm`) on the test server."""
+    return write_config(tmp_path, qwen3_dir, backends=[
+        fast_backend("engine", "vllm", server.url, concurrency=concurrency)],
+        datasets=datasets, **top)
+
+
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
@@ -87,8 +95,7 @@ def test_every_turn_regenerated_with_the_targets_own_answers_as_history(
         tmp_path: Path, qwen3_dir: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(6))
     with TestServer(latency_s=0.01, reasoning_tokens=(3, 8), content_tokens=(3, 8)) as server:
-        cfg = write_config(tmp_path, qwen3_dir, backends=[
-            fast_backend("engine", "vllm", server.url, concurrency=4)],
+        cfg = engine_config(tmp_path, qwen3_dir, server, concurrency=4,
             datasets=[{"name": "chat", "path": str(data), "turns": "all"}])
         outcome = run_config(cfg)
         bodies = chat_bodies(server)
@@ -116,8 +123,7 @@ def test_every_turn_regenerated_with_the_targets_own_answers_as_history(
 def test_a_truncated_turn_ends_its_conversation(tmp_path: Path, qwen3_dir: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(3))
     with TestServer(reasoning_tokens=(30, 40), content_tokens=(30, 40)) as server:
-        cfg = write_config(tmp_path, qwen3_dir, backends=[
-            fast_backend("engine", "vllm", server.url, concurrency=4)],
+        cfg = engine_config(tmp_path, qwen3_dir, server, concurrency=4,
             datasets=[{"name": "chat", "path": str(data), "turns": "all"}],
             sampling={"max_tokens": 10})
         outcome = run_config(cfg)
@@ -149,8 +155,7 @@ def test_tool_results_fed_back_only_for_the_same_call(tmp_path: Path, qwen3_dir:
     data = write_jsonl(tmp_path / "tools.jsonl", tool_rows())
     with TestServer(declines_tool_for="DECLINE", reasoning_tokens=(3, 8),
                     content_tokens=(3, 8)) as server:
-        cfg = write_config(tmp_path, qwen3_dir, backends=[
-            fast_backend("engine", "vllm", server.url, concurrency=4)],
+        cfg = engine_config(tmp_path, qwen3_dir, server, concurrency=4,
             datasets=[{"name": "tools", "path": str(data), "turns": "all"}])
         outcome = run_config(cfg)
         bodies = chat_bodies(server)
@@ -204,8 +209,7 @@ MIX = [{"weight": 1, "temperature": 0.1, "max_tokens": 64},
 def test_sampling_mix_recorded_on_every_turn_and_sent(tmp_path: Path, qwen3_dir: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(12, turns=2))
     with TestServer(reasoning_tokens=(3, 8), content_tokens=(3, 8)) as server:
-        cfg = write_config(tmp_path, qwen3_dir, backends=[
-            fast_backend("engine", "vllm", server.url, concurrency=4)],
+        cfg = engine_config(tmp_path, qwen3_dir, server, concurrency=4,
             datasets=[{"name": "chat", "path": str(data), "turns": "all", "sampling_mix": MIX}],
             sampling={"temperature": 0.6, "top_p": 0.95, "max_tokens": 256, "seed": 7})
         outcome = run_config(cfg)
@@ -241,8 +245,7 @@ def test_kill_9_at_random_moments_then_resume_no_turn_lost_or_paid_twice(
     responses = run / "chat" / "responses.jsonl"
     open_at_kills = 0
     with TestServer(latency_s=0.05, reasoning_tokens=(3, 8), content_tokens=(3, 8)) as server:
-        cfg = write_config(tmp_path, qwen3_dir, backends=[
-            fast_backend("engine", "vllm", server.url, concurrency=16)],
+        cfg = engine_config(tmp_path, qwen3_dir, server, concurrency=16,
             datasets=[{"name": "chat", "path": str(data), "turns": "all", "sampling_mix": mix}],
             sampling={"temperature": 0.6, "max_tokens": 512, "seed": 3}, fsync_interval_s=0)
         drawn: dict[str, Any] = {}

@@ -118,7 +118,7 @@ class Dispatcher:
     def _leave_unsent(self, item: Pending, why: str) -> None:
         """A prompt no backend left in the run may be sent: not sent, not failed (a later run
         with a fitting backend answers it); counted as skipped."""
-        self.counters.datasets[item.dataset].skipped += 1
+        self.counters.datasets[item.dataset].skipped += turns_queued([item])
         if why not in self._unserved:
             self._unserved.add(why)
             log.warning("%s: such prompts are left unsent for a later run", why)
