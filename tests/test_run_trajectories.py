@@ -19,7 +19,12 @@ from typing import Any
 import orjson
 import pytest
 
+from draftgen.config import RunConfig
+from draftgen.datasets.conversations import iter_conversations
+from draftgen.formats import get_format
+from draftgen.run.trajectories import Formats, start_conversation
 from draftgen.store.journal import read_journal
+from draftgen.testing.assets import family_tokenizer
 from draftgen.testing.fake_engine import TOOL_ARGUMENTS, TOOL_NAME, TestServer
 from tests.e2e_helpers import (
     WEATHER_TOOL,
@@ -29,6 +34,8 @@ from tests.e2e_helpers import (
     write_config,
     write_jsonl,
 )
+from tests.test_formats_gpt_oss_harmony import DATE
+from tests.test_formats_gpt_oss_harmony import enc as enc  # the fixture
 
 
 def user(text: str) -> dict[str, Any]:
@@ -287,3 +294,36 @@ def test_kill_9_at_random_moments_then_resume_no_turn_lost_or_paid_twice(
     assert len(records) <= served <= len(records) + open_at_kills
     assert sum(sent.values()) - len(sent) <= open_at_kills, "a written turn was sent again"
     assert set(sent) == {orjson.dumps(r["messages"]) for r in records}
+
+
+EFFORT_MIX = [{"weight": 1, "reasoning_effort": "low"}, {"weight": 1, "reasoning_effort": "high"}]
+
+
+def test_a_drawn_reasoning_effort_renders_the_prompt_and_rides_in_chat_bodies(
+        tmp_path: Path, enc: Any) -> None:
+    """gpt-oss: each conversation's drawn effort is in its prompt (a format per option set,
+    built once) and, for a backend that renders the messages itself, in the request body."""
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(16, turns=2))
+    cfg = RunConfig.model_validate({
+        "output_dir": str(tmp_path / "run"),
+        "model": {"name": "openai/gpt-oss-20b", "format": "gpt-oss", "tokenizer": "unused",
+                  "format_options": {"current_date": DATE}},
+        "sampling": {"temperature": 1.0, "seed": 5},
+        "backends": [{"name": "b", "type": "vllm", "url": "http://127.0.0.1:9"}],
+        "datasets": [{"name": "chat", "path": str(data), "turns": "all",
+                      "sampling_mix": EFFORT_MIX}]})
+    fmt = get_format("gpt-oss", family_tokenizer("gpt-oss"), {"current_date": DATE})
+    formats = Formats(cfg, fmt)
+    conversations = [start_conversation(plan, cfg, formats, [])
+                     for plan in iter_conversations(cfg.datasets[0])]
+    efforts = {c.drawn["reasoning_effort"] for c in conversations}
+    assert efforts == {"low", "high"}
+    assert len({id(c.fmt) for c in conversations}) == 2  # one format per effort, shared
+    for c in conversations:
+        effort = c.drawn["reasoning_effort"]
+        text = c.fmt.prompt_text(c.next_request().prompt.messages, None)  # type: ignore[union-attr]
+        assert f"Reasoning: {effort}" in text
+        chat = c.request_sampling(takes_prompt_ids=False)
+        native = c.request_sampling(takes_prompt_ids=True)
+        assert chat is not None and chat.extra == {"reasoning_effort": effort}
+        assert native is not None and native.extra == {} and native.temperature == 1.0
