@@ -109,22 +109,29 @@ def test_first_and_last_are_unchanged(tmp_path: Path) -> None:
     assert late.messages == [assistant("hello"), user("A")] and stats.bad_rows == 0
 
 
-@pytest.mark.parametrize(("option", "message"), [
-    ({"turns": "all"}, "dataset 'd': turns: all is not supported by the run yet"),
-    ({"sampling_mix": [{"weight": 1, "temperature": 1.0}]},
-     "dataset 'd': sampling_mix is not supported by the run yet"),
-])
-def test_the_prompt_readers_refuse_what_the_run_does_not_do_yet(
-        tmp_path: Path, option: dict[str, Any], message: str) -> None:
+def test_sampling_mix_needs_turns_all(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "c.jsonl", [AGENT_ROW])
-    cfg = DatasetConfig(name="d", path=str(path), **option)
+    cfg = DatasetConfig(name="d", path=str(path),
+                        sampling_mix=[{"weight": 1, "temperature": 1.0}])
+    message = "dataset 'd': sampling_mix needs turns: all"
     with pytest.raises(DatasetError, match=message):
         load_prompts(cfg)
     with pytest.raises(DatasetError, match=message):
         load_prompt_table(cfg, tmp_path / "cache")
 
 
-def test_draftgen_run_refuses_turns_all_in_one_line(tmp_path: Path, qwen3_dir: Path) -> None:
+def test_turns_all_reads_as_first_turn_prompts(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "c.jsonl", [AGENT_ROW])
+    cfg = DatasetConfig(name="d", path=str(path), turns="all")
+    [plan] = iter_conversations(cfg)
+    [prompt], stats = load_prompts(cfg)
+    table, _ = load_prompt_table(cfg, tmp_path / "cache")
+    assert prompt.id == plan.id == table.ids[0] and stats.prompts == 1
+    assert prompt.messages == list(plan.turns[0].context) == table.load([0])[0].messages
+    assert not (tmp_path / "cache").exists()
+
+
+def test_draftgen_run_dry_run_reads_turns_all(tmp_path: Path, qwen3_dir: Path) -> None:
     data = write_jsonl(tmp_path / "c.jsonl", [AGENT_ROW])
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({
@@ -134,7 +141,6 @@ def test_draftgen_run_refuses_turns_all_in_one_line(tmp_path: Path, qwen3_dir: P
         "datasets": [{"name": "d", "path": str(data), "turns": "all"}],
     }))
     result = CliRunner().invoke(app, ["run", "--dry-run", str(config)])
-    assert result.exit_code != 0
-    assert "turns: all is not supported by the run yet" in result.output
+    assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "run" / "d").exists()

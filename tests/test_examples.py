@@ -30,7 +30,8 @@ def test_the_story_config_validates(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_quickstart_config_validates() -> None:
     cfg = load_config(EXAMPLES / "quickstart.yaml")
     assert cfg.backends[0].type == "llamacpp" and cfg.backends[0].model.endswith(".gguf")
-    assert {d.name for d in cfg.datasets} == {"quickstart", "quickstart_multiturn"}
+    assert {d.name: d.turns for d in cfg.datasets} == {
+        "quickstart": "first", "quickstart_multiturn": "last", "quickstart_trajectories": "all"}
 
 
 def test_the_fleet_config_validates() -> None:

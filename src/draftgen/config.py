@@ -417,17 +417,18 @@ class DatasetConfig(_Strict):
     """Token budget: answers stop being dispatched once this many output tokens are spent or
     reserved (the rest is counted as skipped)."""
     max_prompts: int | None = Field(None, gt=0)
-    """At most this many answers for the dataset (the rest is counted as skipped). Sharded
-    (`--shard I/N`), each shard sends its own prompts among the dataset's first `max_prompts`."""
+    """At most this many answers for the dataset (the rest is counted as skipped); for
+    `turns: all`, this many conversations. Sharded (`--shard I/N`), each shard sends its own
+    prompts among the dataset's first `max_prompts`."""
     turns: Literal["first", "last", "all"] = "first"
     """Which assistant turn to regenerate: "first" (the prompt is the conversation up to the
     first assistant turn), "last" (up to the last one, earlier turns kept as history) or "all"
-    (every assistant turn in order, the target's own answers as history: docs/trajectories.md;
-    not yet run by `draftgen run`)."""
+    (every assistant turn in order, the target's own answers as history, one record per turn:
+    docs/trajectories.md)."""
     sampling_mix: list[SamplingChoice] | None = Field(None, min_length=1)
     """Weighted sampling settings, one drawn per conversation from the run's seed and the
     conversation's ID (`datasets.sampling_mix`), e.g. gpt-oss `reasoning_effort` low, medium,
-    high at weights 4, 4, 2; not yet run by `draftgen run`."""
+    high at weights 4, 4, 2; `turns: all` only."""
 
     @field_validator("name")
     @classmethod

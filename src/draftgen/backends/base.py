@@ -42,6 +42,12 @@ ON_GENERATION_ID: contextvars.ContextVar[Callable[[str], None] | None] = \
 (OpenRouter's `X-Generation-Id`) as soon as its headers arrive, before its body, so that a
 request killed in flight can later be looked up by it."""
 
+REQUEST_SAMPLING: contextvars.ContextVar[SamplingConfig | None] = \
+    contextvars.ContextVar("draftgen_request_sampling", default=None)
+"""Set by the runner in one request's task where that request samples otherwise than the run
+(a conversation's draw from its dataset's `sampling_mix`): `Backend.sampling` reads it, so
+every backend sends it without knowing why."""
+
 
 def note_generation_id(headers: Mapping[str, str]) -> None:
     hook = ON_GENERATION_ID.get()
@@ -84,13 +90,19 @@ class Backend(ABC):
         self.cfg = cfg
         self.name = cfg.name
         self.model = model
-        self.sampling = sampling
+        self._sampling = sampling
         self._api_key = cfg.api_key()
         keep_header_secrets(cfg.headers)
         keep_url_secrets(cfg.url)
         self._session: aiohttp.ClientSession | None = None
         self.concurrency = cfg.concurrency
         """Requests in flight at most; a `fleet` backend's is set at start from its workers."""
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling of the request being built: the run's, unless the request's task set
+        its own (`REQUEST_SAMPLING`)."""
+        return REQUEST_SAMPLING.get() or self._sampling
 
     async def start(self) -> None:
         if self.cfg.fleet is not None:

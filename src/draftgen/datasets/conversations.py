@@ -25,7 +25,7 @@ from draftgen.datasets.ids import RowIdentity, row_identity
 from draftgen.datasets.prompts import LoadStats, admitted
 from draftgen.datasets.readers import open_rows
 from draftgen.datasets.schema import require_object, whole_conversation_from_row
-from draftgen.types import Message, Tool
+from draftgen.types import Message, Prompt, Tool
 
 CALLS_UNANSWERED = "tool_calls_without_results"
 """`ConversationPlan.ends_early`: the dataset's assistant turn calls tools and no tool result
@@ -109,3 +109,15 @@ def iter_conversations(cfg: DatasetConfig, stats: LoadStats | None = None
 
     kept = admitted(rows, cfg.name, cfg.limit, stats if stats is not None else LoadStats(), read)
     return (plan for plan, _ in kept)
+
+
+def first_turn_prompt(plan: ConversationPlan) -> Prompt:
+    """The conversation's first request as a prompt: its ID is the conversation's, its
+    messages the first turn's context (what `--dry-run`, `check-format` and the probe see of
+    a `turns: all` dataset)."""
+    return Prompt(plan.id, plan.dataset, list(plan.turns[0].context), plan.tools, plan.source)
+
+
+def first_turn_prompts(cfg: DatasetConfig, stats: LoadStats | None = None) -> Iterator[Prompt]:
+    """`first_turn_prompt` of each of the dataset's conversations."""
+    return (first_turn_prompt(plan) for plan in iter_conversations(cfg, stats))

@@ -60,9 +60,12 @@ def iter_prompts(cfg: DatasetConfig, stats: LoadStats | None = None) -> Iterator
     """The dataset's prompts, one at a time, at most `cfg.limit` of them.
 
     Raises `DatasetError` at once when the path is missing or of an unknown format, or the
-    dataset asks for what the run does not do yet (`turns: all`, `sampling_mix`), and while
+    dataset asks for what the run does not do (`sampling_mix` without `turns: all`), and while
     iterating when the data cannot be read at all. `stats`, when given, is filled in as the
-    iteration goes."""
+    iteration goes. For `turns: all`, each conversation's first turn (`first_turn_prompts`)."""
+    if cfg.turns == "all":
+        from draftgen.datasets.conversations import first_turn_prompts
+        return first_turn_prompts(cfg, stats)
     turns = prompt_turns(cfg)
     rows = open_rows(cfg.path, cfg.split, cfg.subset)
     return _prompts_from_rows(
@@ -72,13 +75,15 @@ def iter_prompts(cfg: DatasetConfig, stats: LoadStats | None = None) -> Iterator
 
 def prompt_turns(cfg: DatasetConfig) -> PromptTurns:
     """The dataset's `turns` when the run answers them one prompt per row; `DatasetError`
-    for what it cannot run yet (the trajectories of docs/trajectories.md)."""
+    for a dataset whose rows are conversations (`turns: all`, read by
+    `conversations.iter_conversations`), and for a `sampling_mix` on one-prompt rows (a mix is
+    drawn per conversation)."""
     if cfg.turns == "all":
-        raise DatasetError(f"dataset {cfg.name!r}: turns: all is not supported by the run yet "
-                           "(use turns: first or last)")
+        raise DatasetError(f"dataset {cfg.name!r}: turns: all rows are read as conversations, "
+                           "not one prompt per row")
     if cfg.sampling_mix is not None:
-        raise DatasetError(f"dataset {cfg.name!r}: sampling_mix is not supported by the run "
-                           "yet (set the run's sampling instead)")
+        raise DatasetError(f"dataset {cfg.name!r}: sampling_mix needs turns: all (a mix is "
+                           "drawn per conversation); set the run's sampling instead")
     return cfg.turns
 
 

@@ -20,6 +20,11 @@ import numpy as np
 
 from draftgen.config import DatasetConfig
 from draftgen.datasets.cache import cache_key, discard_cache, read_cache, write_cache
+from draftgen.datasets.conversations import (
+    ConversationPlan,
+    first_turn_prompt,
+    iter_conversations,
+)
 from draftgen.datasets.errors import BadRow, BadRowError, DatasetError
 from draftgen.datasets.prompts import (
     LoadStats,
@@ -104,8 +109,12 @@ def load_prompt_table(cfg: DatasetConfig, cache_path: Path | None = None
     """The dataset's prompts and what loading found: the same prompts, IDs and stats as
     `iter_prompts`. With `cache_path`, a plain JSONL source goes through the prompt cache
     there: read when it matches the files and options; else the dataset is read in full and
-    the table's `save_cache()` writes the cache. `DatasetError` when the dataset asks for
-    what the run does not do yet (`prompts.prompt_turns`)."""
+    the table's `save_cache()` writes the cache. A `turns: all` dataset's table holds each
+    conversation's first turn (`load_conversation_table`). `DatasetError` when the dataset asks
+    for what the run does not do (`prompts.prompt_turns`)."""
+    if cfg.turns == "all":
+        table, _, stats = load_conversation_table(cfg)
+        return table, stats
     prompt_turns(cfg)
     files = plain_jsonl_files(cfg.path, cfg.split)
     if files is None or cache_path is None:
@@ -121,6 +130,17 @@ def load_prompt_table(cfg: DatasetConfig, cache_path: Path | None = None
     unchanged = cache_key(cfg, files) == key  # not written to while it was read
     writer = partial(write_cache, cache_path, key, index, stats) if unchanged else None
     return PromptTable(cfg.name, index, _from_memory(prompts), cache_writer=writer), stats
+
+
+def load_conversation_table(cfg: DatasetConfig
+                            ) -> tuple[PromptTable, list[ConversationPlan], LoadStats]:
+    """A `turns: all` dataset: its conversation plans (read in full, held in memory) and the
+    table of their first turns (`first_turn_prompt`), row i of the table being conversation
+    i; what loading found."""
+    stats = LoadStats()
+    plans = list(iter_conversations(cfg, stats))
+    prompts = [first_turn_prompt(plan) for plan in plans]
+    return PromptTable(cfg.name, index_of(prompts), _from_memory(prompts)), plans, stats
 
 
 def _rows_still_match(loader: JsonlRowLoader, count: int) -> bool:

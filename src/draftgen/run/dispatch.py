@@ -20,6 +20,7 @@ from draftgen.run.plan import Pending, Plan, PromptTooLong, render_within
 from draftgen.run.request import BUDGET_PAUSE, Requests
 from draftgen.run.resume import Queues
 from draftgen.run.state import RunState
+from draftgen.run.trajectories import render_turns, turns_queued
 from draftgen.scheduler import BackendSlots, NoBackendFits, NoBackendLeft, needs_of
 from draftgen.store.space import SpaceGuard
 from draftgen.types import Prompt
@@ -117,7 +118,7 @@ class Dispatcher:
     def _leave_unsent(self, item: Pending, why: str) -> None:
         """A prompt no backend left in the run may be sent: not sent, not failed (a later run
         with a fitting backend answers it); counted as skipped."""
-        self.counters.datasets[item.dataset].skipped += 1
+        self.counters.datasets[item.dataset].skipped += turns_queued([item])
         if why not in self._unserved:
             self._unserved.add(why)
             log.warning("%s: such prompts are left unsent for a later run", why)
@@ -147,18 +148,44 @@ class Dispatcher:
             queue = self.queues[name]
             if not queue:
                 continue
-            max_tokens = await self.budget.max_tokens_for(name, self.cfg.sampling.max_tokens)
+            wanted = self._max_tokens_wanted(queue[0])
+            max_tokens = await self._room_for(name, queue[0], wanted)
             if max_tokens is None:
-                if self.ledger.token_budget_done(name) and not self._shards_may_give(name):
-                    self._close_for_budget(name)
                 continue  # requests in flight may still leave room
             self._next_dataset = (self._next_dataset + offset + 1) % len(names)
             while queue and queue[0].input_ids is None:
                 if not await self._render_ahead(queue):
                     return None
-            if queue:  # empty when the format refused every prompt left
-                return queue.popleft(), max_tokens
+            if not queue:  # the format refused every prompt left
+                continue
+            item = queue.popleft()
+            if self._max_tokens_wanted(item) != wanted:  # a conversation's drawn max_tokens
+                max_tokens = await self._room_for(name, item, self._max_tokens_wanted(item))
+                if max_tokens is None:
+                    queue.appendleft(item)
+                    continue
+            return item, max_tokens
         return None
+
+    async def _room_for(self, name: str, item: Pending, wanted: int) -> int | None:
+        """The max_tokens the dataset's token budget allows the item now (None: none). A
+        conversation's turn is not cut short by the budget (a truncated turn would end its
+        trajectory): it waits for the whole `wanted`, and where no request in flight can
+        give room back, the dataset is closed and the conversation stays pending. A dataset
+        whose budget is spent is closed (the rest counted as skipped)."""
+        max_tokens = await self.budget.max_tokens_for(name, wanted)
+        if max_tokens is not None and (item.conversation is None or max_tokens >= wanted):
+            return max_tokens
+        done = (self.ledger.token_budget_done(name) if max_tokens is None
+                else not self.counters.datasets[name].in_flight)
+        if done and not self._shards_may_give(name):
+            self._close_for_budget(name)
+        return None
+
+    def _max_tokens_wanted(self, item: Pending) -> int:
+        """The run's `max_tokens`, or the one its conversation drew."""
+        drawn = item.conversation.max_tokens if item.conversation is not None else None
+        return drawn or self.cfg.sampling.max_tokens
 
     def _shards_may_give(self, dataset: str) -> bool:
         """Another shard may still give this dataset's token budget back."""
@@ -170,7 +197,7 @@ class Dispatcher:
     def _close_for_budget(self, dataset: str) -> None:
         queue = self.queues[dataset]
         counters = self.counters.datasets[dataset]
-        counters.skipped += len(queue)
+        counters.skipped += turns_queued(queue)
         log.info("%s: max_output_tokens reached; %d prompts skipped", dataset, len(queue))
         queue.clear()
 
@@ -187,7 +214,7 @@ class Dispatcher:
                 prompts, rendered = await loop.run_in_executor(None, self._load_and_render, batch)
             else:  # read in a thread, rendered here (see `OffLoopBatcher`)
                 prompts = await loop.run_in_executor(None, self._load, batch)
-                rendered = self._render(prompts)
+                rendered = self._render(batch, prompts)
         except DatasetError as e:
             self.state.fail(str(e))
             return False
@@ -196,8 +223,10 @@ class Dispatcher:
             if isinstance(ids, FormatError):
                 queue.remove(item)
                 kind = "prompt_too_long" if isinstance(ids, PromptTooLong) else "bad_prompt"
-                self.requests.write_failure(prompt, None, kind, str(ids), None,
-                                            self.counters.datasets[item.dataset])
+                counters = self.counters.datasets[item.dataset]
+                self.requests.write_failure(prompt, None, kind, str(ids), None, counters)
+                if item.conversation is not None:  # not continued in this session
+                    counters.total -= item.conversation.turns_left - 1
             else:
                 item.input_ids = ids
         return True
@@ -205,9 +234,12 @@ class Dispatcher:
     def _load_and_render(self, batch: Sequence[Pending]
                          ) -> tuple[list[Prompt], list[list[int] | FormatError]]:
         prompts = self._load(batch)
-        return prompts, self._render(prompts)
+        return prompts, self._render(batch, prompts)
 
-    def _render(self, prompts: list[Prompt]) -> list[list[int] | FormatError]:
+    def _render(self, batch: Sequence[Pending], prompts: list[Prompt]
+                ) -> list[list[int] | FormatError]:
+        if batch[0].conversation is not None:  # turns, each in its conversation's format
+            return render_turns(batch, prompts, self.cfg.model.context_length)
         return render_within(self.plan.fmt, prompts, self.cfg.model.context_length)
 
     def _load(self, batch: Sequence[Pending]) -> list[Prompt]:

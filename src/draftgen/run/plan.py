@@ -7,14 +7,20 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftgen.config import RunConfig
 from draftgen.datasets import LoadStats, PromptTable, load_prompt_table
+from draftgen.datasets.conversations import ConversationPlan
+from draftgen.datasets.table import load_conversation_table
 from draftgen.formats import Format, FormatError, get_format
 from draftgen.store import RunLayout
 from draftgen.store.shards import ShardSpec, shard_mask
 from draftgen.tokenize import Tokenizer, load_tokenizer, self_check
 from draftgen.types import Prompt
+
+if TYPE_CHECKING:
+    from draftgen.run.trajectories import Conversation
 
 log = logging.getLogger("draftgen")
 
@@ -27,6 +33,9 @@ class DatasetPlan:
     prompt read when it is about to be sent."""
     load: LoadStats
     """What reading the whole dataset found."""
+    conversations: list[ConversationPlan] | None = None
+    """`turns: all`: every conversation of the dataset, by its position in the dataset (the
+    table's rows are their first turns)."""
 
 
 @dataclass
@@ -55,10 +64,14 @@ def prepare(cfg: RunConfig, shard: ShardSpec | None = None) -> Plan:
                 run_dir=shard.folder(root) if shard else root)
     caches = RunLayout(root)  # one cache for all shards: it describes the whole dataset
     for ds in cfg.datasets:
-        table, stats = load_prompt_table(ds, caches.prompt_cache(ds.name))
+        conversations = None
+        if ds.turns == "all":
+            table, conversations, stats = load_conversation_table(ds)
+        else:
+            table, stats = load_prompt_table(ds, caches.prompt_cache(ds.name))
         if shard is not None:
             table = table.where(shard_mask(table.id_hashes, shard))
-        plan.datasets.append(DatasetPlan(ds.name, table, stats))
+        plan.datasets.append(DatasetPlan(ds.name, table, stats, conversations))
     return plan
 
 
@@ -133,3 +146,5 @@ class Pending:
     prompt: Prompt | None = None
     """Read from the table just before the prompt is rendered."""
     input_ids: list[int] | None = None
+    conversation: Conversation | None = None
+    """`turns: all`: the conversation whose next turn this is (`prompt` is that turn's)."""

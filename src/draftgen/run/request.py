@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftgen.backends import Backend
-from draftgen.backends.base import ON_GENERATION_ID
+from draftgen.backends.base import ON_GENERATION_ID, REQUEST_SAMPLING
 from draftgen.budget import (
     REPORT_REFUSED,
     REPORTED_COST_RATIO,
@@ -24,11 +24,13 @@ from draftgen.budget import (
 )
 from draftgen.config import Price
 from draftgen.formats import FormatError
+from draftgen.formats.trajectory import TurnAnswer
 from draftgen.progress import DatasetCounters, RunCounters
 from draftgen.redact import redact
 from draftgen.run.plan import Pending, Plan
 from draftgen.run.record import make_record
 from draftgen.run.state import RunState
+from draftgen.run.trajectories import Conversation
 from draftgen.scheduler import BackendSlots, send_with_retries
 from draftgen.store import Store, StoreError
 from draftgen.store.record import Record
@@ -117,6 +119,10 @@ class Requests:
             if reservation.usd and backend.capabilities.looks_up_bills:  # this task's own context
                 ON_GENERATION_ID.set(lambda generation: self._on_generation_id(
                     prompt, attempts, generation))
+            conversation = item.conversation
+            if conversation is not None and conversation.sampling is not None:
+                REQUEST_SAMPLING.set(conversation.request_sampling(
+                    backend.capabilities.needs_prompt_ids))
             raw, retries = await send_with_retries(
                 backend, prompt, input_ids, max_tokens,
                 on_error=lambda e: self._on_attempt_error(e, backend, reservation, attempts,
@@ -129,6 +135,7 @@ class Requests:
             record = make_record(prompt, input_ids, raw, rebuilt, backend, cost + attempts.usd,
                                  time.monotonic() - started, retries, cost_source=source,
                                  session=self.session)
+            answer = conversation.label(record, raw, rebuilt) if conversation else None
             self.store.append_record(prompt.dataset, record)
             written = True
             self.ledger.settle(reservation, len(rebuilt.output_ids), cost)
@@ -136,6 +143,8 @@ class Requests:
             self._journal("ok", prompt)
             slots.note_result(backend, failed=False)
             _count_answer(counters, raw, rebuilt, cost)
+            if conversation is not None and answer is not None:
+                self._next_turn(conversation, answer, record, counters)
         except BackendError as e:
             await self._learn_bills(backend, attempts, counters)
             self.ledger.settle(reservation, 0, 0.0)  # its billed attempts are charged already
@@ -167,6 +176,17 @@ class Requests:
             slots.release(backend)
             if reservation.usd:
                 slots.unpause(BUDGET_PAUSE)
+
+    def _next_turn(self, conversation: Conversation, answer: TurnAnswer, record: Record,
+                   counters: DatasetCounters) -> None:
+        """A conversation's turn is written: queue its next turn, or count the turns it
+        will not have (it ended early)."""
+        end = record.end if isinstance(record.end, str) else None
+        following = conversation.answered(answer, end)  # type: ignore[arg-type]
+        if following is not None:
+            self.requeue(following)
+        else:
+            counters.total -= conversation.turns_left
 
     def _cost(self, backend: Backend, reported: float | None, prompt_tokens: int,
               completion_tokens: int) -> tuple[float, str]:
@@ -241,6 +261,8 @@ class Requests:
             return
         self.write_failure(item.prompt, backend, e.kind, e.message, e.status, counters,
                            billed_usd)
+        if item.conversation is not None:  # not continued in this session
+            counters.total -= item.conversation.turns_left - 1
 
     def write_failure(self, prompt: Prompt, backend: Backend | None, kind: str, message: str,
                       status: int | None, counters: DatasetCounters,

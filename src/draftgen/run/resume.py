@@ -18,7 +18,14 @@ from draftgen.budget import REPORTED_COST_RATIO, Budget, believable
 from draftgen.config import ConfigError, RunConfig
 from draftgen.datasets import PromptTable
 from draftgen.progress import DatasetCounters, RunCounters
-from draftgen.run.plan import Pending, Plan, warn_bad_rows
+from draftgen.run.plan import DatasetPlan, Pending, Plan, warn_bad_rows
+from draftgen.run.trajectories import (
+    Formats,
+    is_done,
+    start_conversation,
+    turn_id,
+    written_turns,
+)
 from draftgen.store import RunLayout, Store, scan_dataset
 from draftgen.store.journal import OpenRequest, read_journal
 from draftgen.store.record import Record
@@ -148,6 +155,7 @@ class ResumeScan:
         self.ledger = budget.ledger
         self.counters = counters
         self.session = session
+        self._formats: Formats | None = None
 
     def run(self, queues: Queues, killed: KilledSession | None = None,
             bills: dict[str, float] | None = None) -> list[StoredElsewhere]:
@@ -165,8 +173,13 @@ class ResumeScan:
             done = on_disk.done | theirs if theirs else on_disk.done
             counters = DatasetCounters(total=len(ds.prompts))
             counters.output_tokens_before = on_disk.output_tokens
-            queue = self._queue_of(ds.prompts, done, on_disk, counters)
-            self._cut_to_max_prompts(queue, ds.prompts, limits[ds.name].max_prompts, counters)
+            if ds.conversations is not None:
+                queue = self._queue_conversations(ds, on_disk, counters,
+                                                  limits[ds.name].max_prompts)
+            else:
+                queue = self._queue_of(ds.prompts, done, on_disk, counters)
+                self._cut_to_max_prompts(queue, ds.prompts, limits[ds.name].max_prompts,
+                                         counters)
             queues[ds.name] = queue
             self.counters.datasets[ds.name] = counters
             self.ledger.add_dataset(ds.name, limits[ds.name].max_output_tokens,
@@ -246,6 +259,46 @@ class ResumeScan:
                 counters.exhausted += 1
             else:
                 queue.append(Pending(table.name, row))
+        return queue
+
+    def _queue_conversations(self, ds: DatasetPlan, on_disk: DatasetOnDisk,
+                             counters: DatasetCounters, room: int | None) -> deque[Pending]:
+        """A `turns: all` dataset: each conversation not done continued from its last written
+        turn (its next turn queued), in dataset order. Counted in turns: `total` holds the
+        turns written and every turn left of the conversations not done. `room`
+        (`max_prompts`) counts conversations: unsharded, at most that many started in all;
+        sharded, the shard's among the dataset's first `room`."""
+        assert ds.conversations is not None
+        folders = [self.store.layout.root,
+                   *other_run_folders(self.cfg, self.store.layout.root)]
+        written = written_turns(folders, ds.name)
+        formats = self._formats = self._formats or Formats(self.cfg, self.plan.fmt)
+        failed = on_disk.failed_attempts
+        table = ds.prompts
+        started = sum(1 for turns in written.values() if turns)
+        counters.done_before = sum(map(len, written.values()))
+        counters.total = counters.done_before
+        queue: deque[Pending] = deque()
+        for row, position in enumerate(table.positions.tolist()):
+            plan = ds.conversations[position]
+            turns = written.get(plan.id, [])
+            if is_done(turns):
+                continue
+            conversation = start_conversation(plan, self.cfg, formats, turns)
+            left = conversation.turns_left
+            counters.total += left
+            fresh = not turns
+            if room is not None and (position >= room if self.plan.shard is not None
+                                     else fresh and started >= room):
+                counters.skipped += left
+                continue
+            if failed and failed[turn_id(plan.id, conversation.turn)] >= self.cfg.max_attempts:
+                counters.exhausted += left
+                continue
+            started += fresh
+            item = conversation.next_request()
+            item.row = row
+            queue.append(item)
         return queue
 
     def _cut_to_max_prompts(self, queue: deque[Pending], table: PromptTable,

@@ -39,6 +39,7 @@ from draftgen.run.resume import (
     settings_changes,
 )
 from draftgen.run.state import Outcome, RunState
+from draftgen.run.trajectories import turns_queued
 from draftgen.scheduler import BackendSlots, NoBackendLeft
 from draftgen.store import RunLock, Store, StoreError
 from draftgen.store.rescue import write_rescue
@@ -244,7 +245,7 @@ class Runner:
         outcome = self.state.outcome(prompts_left=any(self.queues.values()))
         if outcome.status == "budget":
             for name, queue in self.queues.items():
-                self.counters.datasets[name].skipped += len(queue)
+                self.counters.datasets[name].skipped += turns_queued(queue)
                 queue.clear()
         self.counters.status = outcome.status
         return outcome
