@@ -102,7 +102,7 @@ def _print_plan(plan: Plan) -> None:
 
     from draftgen.config import LlamaCppConfig
     from draftgen.formats import FormatError
-    from draftgen.run.plan import render_each
+    from draftgen.run.render import render_each
     from draftgen.tokenize import chunked
 
     out = _console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)

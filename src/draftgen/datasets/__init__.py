@@ -11,20 +11,16 @@ ID up front, a prompt itself read only when asked for. For plain JSONL it keeps,
 `cache_path`, where each kept row is, so that a second load (a resumed run) skips the parse.
 
 Modules: `readers` (file formats → rows), `schema` (row → messages and tools), `ids` (IDs and
-duplicates), `prompts` (rows → prompts), `table` (the prompt table), `cache` (its file),
-`errors`.
+duplicates), `admission` (rows kept as items, `LoadStats`), `prompts` (rows → prompts),
+`conversations` (rows → `turns: all` conversation plans), `sampling_mix` (a conversation's drawn
+sampling), `table` (the prompt table), `cache` (its file), `errors`.
 """
 
 from __future__ import annotations
 
+from draftgen.datasets.admission import MAX_BAD_ROW_EXAMPLES, LoadStats
 from draftgen.datasets.errors import BadRow, BadRowError, DatasetError
-from draftgen.datasets.prompts import (
-    MAX_BAD_ROW_EXAMPLES,
-    LoadStats,
-    iter_prompts,
-    load_prompts,
-    rows_to_prompt,
-)
+from draftgen.datasets.prompts import iter_prompts, load_prompts, rows_to_prompt
 from draftgen.datasets.table import PromptTable, load_prompt_table
 
 __all__ = [

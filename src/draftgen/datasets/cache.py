@@ -22,8 +22,8 @@ import numpy as np
 import orjson
 
 from draftgen.config import DatasetConfig
+from draftgen.datasets.admission import LoadStats
 from draftgen.datasets.errors import BadRow
-from draftgen.datasets.prompts import LoadStats
 from draftgen.datasets.rowindex import PromptIndex, RowPlaces
 
 log = logging.getLogger("draftgen.datasets")

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftgen.config import DatasetConfig
+from draftgen.datasets.admission import LoadStats, admitted
 from draftgen.datasets.errors import BadRowError, DatasetError
 from draftgen.datasets.ids import RowIdentity, row_identity
-from draftgen.datasets.prompts import LoadStats, admitted
 from draftgen.datasets.readers import open_rows
 from draftgen.datasets.schema import require_object, whole_conversation_from_row
 from draftgen.types import Message, Prompt, Tool

@@ -3,6 +3,9 @@ on its folder), `dispatch` (datasets in turn, admission, backend slots), `reques
 request's life), `record` (the answer as written), `state` (phase and outcome), `session` (the
 `Runner`: lock, start-up, signals, what the session leaves in run.json).
 
+`pending` holds what the queues hold, `render` the prompts rendered within the context length,
+`trajectories` the conversations of `turns: all` datasets.
+
 The names below are imported on first use, so that `draftgen.run.plan` (which the probe's
 gate needs) does not import the dispatcher and the backends."""
 
@@ -11,23 +14,18 @@ from typing import TYPE_CHECKING
 from draftgen.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from draftgen.run.plan import (
-        DatasetPlan,
-        Pending,
-        Plan,
-        PromptTooLong,
-        prepare,
-        render_each,
-        render_within,
-    )
+    from draftgen.run.pending import Pending
+    from draftgen.run.plan import DatasetPlan, Plan, prepare
     from draftgen.run.record import make_record
+    from draftgen.run.render import PromptTooLong, render_each, render_within
     from draftgen.run.resume import SettingsChanged
     from draftgen.run.session import Runner
     from draftgen.run.state import Outcome, RunState
 
 __getattr__ = lazy_exports(__name__, {
-    "draftgen.run.plan": ("DatasetPlan", "Pending", "Plan", "PromptTooLong", "prepare",
-                          "render_each", "render_within"),
+    "draftgen.run.pending": ("Pending",),
+    "draftgen.run.plan": ("DatasetPlan", "Plan", "prepare"),
+    "draftgen.run.render": ("PromptTooLong", "render_each", "render_within"),
     "draftgen.run.record": ("make_record",),
     "draftgen.run.resume": ("SettingsChanged",),
     "draftgen.run.session": ("Runner",),

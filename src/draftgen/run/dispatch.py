@@ -16,11 +16,12 @@ from draftgen.budget import POLL_S, USD, Budget, tokens_key
 from draftgen.datasets import DatasetError
 from draftgen.formats import FormatError
 from draftgen.progress import RunCounters
-from draftgen.run.plan import Pending, Plan, PromptTooLong, render_within
+from draftgen.run.pending import Pending, render_turns, turns_queued
+from draftgen.run.plan import Plan
+from draftgen.run.render import PromptTooLong, render_within
 from draftgen.run.request import BUDGET_PAUSE, Requests
 from draftgen.run.resume import Queues
 from draftgen.run.state import RunState
-from draftgen.run.trajectories import render_turns, turns_queued
 from draftgen.scheduler import BackendSlots, NoBackendFits, NoBackendLeft, needs_of
 from draftgen.store.space import SpaceGuard
 from draftgen.types import Prompt

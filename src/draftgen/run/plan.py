@@ -1,26 +1,20 @@
 """What a run will do before it sends anything: the tokenizer, the model format and each dataset's
-prompts (`prepare`), and the prompts rendered as the format lays them out within the model's
-context length (`render_within`)."""
+prompts (`prepare`)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from draftgen.config import RunConfig
 from draftgen.datasets import LoadStats, PromptTable, load_prompt_table
 from draftgen.datasets.conversations import ConversationPlan
 from draftgen.datasets.table import load_conversation_table
-from draftgen.formats import Format, FormatError, get_format
+from draftgen.formats import Format, get_format
 from draftgen.store import RunLayout
 from draftgen.store.shards import ShardSpec, shard_mask
 from draftgen.tokenize import Tokenizer, load_tokenizer, self_check
-from draftgen.types import Prompt
-
-if TYPE_CHECKING:
-    from draftgen.run.trajectories import Conversation
 
 log = logging.getLogger("draftgen")
 
@@ -83,68 +77,3 @@ def warn_bad_rows(ds: DatasetPlan, shown: int = 10) -> None:
         log.warning("%s: %d more bad rows skipped", ds.name, ds.load.bad_rows - shown)
     if not ds.prompts:
         log.warning("%s: no prompts to send (%s)", ds.name, ds.load.summary())
-
-
-def render_each(fmt: Format, prompts: list[Prompt]) -> list[list[int] | FormatError]:
-    """Prompt IDs for a batch; a prompt the format refuses gets its FormatError instead."""
-    try:
-        return list(fmt.render_prompts(prompts))
-    except FormatError:
-        pass
-    out: list[list[int] | FormatError] = []
-    for prompt in prompts:
-        try:
-            out.append(fmt.render_prompt(prompt.messages, prompt.tools))
-        except FormatError as e:
-            out.append(FormatError(f"{prompt.source or prompt.id}: {e}"))
-    return out
-
-
-class PromptTooLong(FormatError):
-    """A prompt that leaves no room for an answer within `model.context_length`."""
-
-
-def render_within(fmt: Format, prompts: list[Prompt], context_length: int | None
-                  ) -> list[list[int] | FormatError]:
-    """`render_each`; with a context length, a prompt that leaves no room for one answer token
-    gets a `PromptTooLong` instead. A prompt whose text alone is certainly too long (a token
-    covers at most the tokenizer's longest token's bytes) is refused without tokenizing it:
-    tokenizing 100 MB of text would take minutes."""
-    if context_length is None:
-        return render_each(fmt, prompts)
-    out: list[list[int] | FormatError] = [FormatError("not rendered")] * len(prompts)
-    todo: list[int] = []
-    longest = 0
-    for i, prompt in enumerate(prompts):
-        chars = sum(len(m["content"]) for m in prompt.messages
-                    if isinstance(m.get("content"), str))
-        if chars > context_length:
-            longest = longest or max(map(len, fmt.tokenizer.bytes_to_id()), default=1)
-            if chars > 2 * longest * context_length:  # 2: room for any normalizer
-                out[i] = PromptTooLong(
-                    f"{prompt.source or prompt.id}: prompt of {chars:,} characters is longer "
-                    f"than model.context_length ({context_length:,} tokens); not sent")
-                continue
-        todo.append(i)
-    rendered = render_each(fmt, [prompts[i] for i in todo])
-    for i, ids in zip(todo, rendered, strict=True):
-        if not isinstance(ids, FormatError) and len(ids) + 1 > context_length:
-            ids = PromptTooLong(
-                f"{prompts[i].source or prompts[i].id}: prompt of {len(ids):,} tokens leaves "
-                f"no room for an answer in model.context_length ({context_length:,}); not sent")
-        out[i] = ids
-    return out
-
-
-@dataclass(slots=True)
-class Pending:
-    """A prompt queued to be sent."""
-
-    dataset: str
-    row: int
-    """The prompt's row in its dataset's `PromptTable`."""
-    prompt: Prompt | None = None
-    """Read from the table just before the prompt is rendered."""
-    input_ids: list[int] | None = None
-    conversation: Conversation | None = None
-    """`turns: all`: the conversation whose next turn this is (`prompt` is that turn's)."""

@@ -27,7 +27,8 @@ from draftgen.formats import FormatError
 from draftgen.formats.trajectory import TurnAnswer
 from draftgen.progress import DatasetCounters, RunCounters
 from draftgen.redact import redact
-from draftgen.run.plan import Pending, Plan
+from draftgen.run.pending import Pending
+from draftgen.run.plan import Plan
 from draftgen.run.record import make_record
 from draftgen.run.state import RunState
 from draftgen.run.trajectories import Conversation
@@ -181,12 +182,11 @@ class Requests:
                    counters: DatasetCounters) -> None:
         """A conversation's turn is written: queue its next turn, or count the turns it
         will not have (it ended early)."""
-        end = record.end if isinstance(record.end, str) else None
-        following = conversation.answered(answer, end)  # type: ignore[arg-type]
-        if following is not None:
-            self.requeue(following)
-        else:
+        conversation.answered(answer)
+        if isinstance(record.end, str):
             counters.total -= conversation.turns_left
+        else:
+            self.requeue(Pending.next_turn(conversation))
 
     def _cost(self, backend: Backend, reported: float | None, prompt_tokens: int,
               completion_tokens: int) -> tuple[float, str]:

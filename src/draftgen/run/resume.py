@@ -18,7 +18,8 @@ from draftgen.budget import REPORTED_COST_RATIO, Budget, believable
 from draftgen.config import ConfigError, RunConfig
 from draftgen.datasets import PromptTable
 from draftgen.progress import DatasetCounters, RunCounters
-from draftgen.run.plan import DatasetPlan, Pending, Plan, warn_bad_rows
+from draftgen.run.pending import Pending
+from draftgen.run.plan import DatasetPlan, Plan, warn_bad_rows
 from draftgen.run.trajectories import (
     Formats,
     is_done,
@@ -296,9 +297,7 @@ class ResumeScan:
                 counters.exhausted += left
                 continue
             started += fresh
-            item = conversation.next_request()
-            item.row = row
-            queue.append(item)
+            queue.append(Pending.next_turn(conversation, row))
         return queue
 
     def _cut_to_max_prompts(self, queue: deque[Pending], table: PromptTable,

@@ -29,7 +29,8 @@ from draftgen.perf import tuned_gc
 from draftgen.probe import ProbeOptions, gate_backends
 from draftgen.progress import ProgressDisplay, RunCounters
 from draftgen.run.dispatch import Dispatcher
-from draftgen.run.plan import Pending, Plan
+from draftgen.run.pending import Pending, turns_queued
+from draftgen.run.plan import Plan
 from draftgen.run.request import Requests
 from draftgen.run.resume import (
     KilledSession,
@@ -39,7 +40,6 @@ from draftgen.run.resume import (
     settings_changes,
 )
 from draftgen.run.state import Outcome, RunState
-from draftgen.run.trajectories import turns_queued
 from draftgen.scheduler import BackendSlots, NoBackendLeft
 from draftgen.store import RunLock, Store, StoreError
 from draftgen.store.rescue import write_rescue

@@ -20,9 +20,8 @@ from typing import Any
 from draftgen.config import RunConfig, SamplingConfig
 from draftgen.datasets.conversations import ConversationPlan
 from draftgen.datasets.sampling_mix import sampling_for
-from draftgen.formats import Format, FormatError, get_format
-from draftgen.formats.trajectory import EndReason, TurnAnswer, end_after, turn_messages
-from draftgen.run.plan import Pending, render_within
+from draftgen.formats import Format, get_format
+from draftgen.formats.trajectory import TurnAnswer, end_after, turn_messages
 from draftgen.store import RunLayout
 from draftgen.store.record import Record, read_record
 from draftgen.types import Prompt, RawAnswer, Rebuilt
@@ -66,12 +65,11 @@ class Conversation:
         """The drawn `max_tokens`, where the draw sets one."""
         return self.sampling.max_tokens if self.sampling is not None else None
 
-    def next_request(self) -> Pending:
-        """The next turn as a request to queue (its prompt built, not yet rendered)."""
+    def next_prompt(self) -> Prompt:
+        """The next turn's prompt (built, not yet rendered)."""
         plan = self.plan
-        prompt = Prompt(turn_id(plan.id, self.turn), plan.dataset,
-                        turn_messages(plan.turns, self.answers), plan.tools, plan.source)
-        return Pending(plan.dataset, -1, prompt, conversation=self)
+        return Prompt(turn_id(plan.id, self.turn), plan.dataset,
+                      turn_messages(plan.turns, self.answers), plan.tools, plan.source)
 
     def request_sampling(self, takes_prompt_ids: bool) -> SamplingConfig | None:
         """The sampling a request of this conversation is sent with (None: the run's). A
@@ -94,34 +92,9 @@ class Conversation:
         record.sampling = self.drawn
         return answer
 
-    def answered(self, answer: TurnAnswer, end: EndReason | None) -> Pending | None:
-        """The turn's record is written: the next turn's request, or None where it ended."""
+    def answered(self, answer: TurnAnswer) -> None:
+        """The turn's record is written: later turns' history holds its answer."""
         self.answers.append(answer)
-        return None if end is not None else self.next_request()
-
-
-def turns_queued(items: Iterable[Pending]) -> int:
-    """The turns a queue's items stand for: one per prompt, every turn left of a
-    conversation."""
-    return sum(item.conversation.turns_left if item.conversation is not None else 1
-               for item in items)
-
-
-def render_turns(items: Sequence[Pending], prompts: Sequence[Prompt],
-                 context_length: int | None) -> list[list[int] | FormatError]:
-    """`plan.render_within` for turns of conversations, each in its conversation's format
-    (one batch per format)."""
-    out: list[list[int] | FormatError] = [FormatError("not rendered")] * len(items)
-    by_format: dict[int, list[int]] = {}
-    for i, item in enumerate(items):
-        assert item.conversation is not None
-        by_format.setdefault(id(item.conversation.fmt), []).append(i)
-    for indexes in by_format.values():
-        fmt = items[indexes[0]].conversation.fmt  # type: ignore[union-attr]
-        rendered = render_within(fmt, [prompts[i] for i in indexes], context_length)
-        for i, ids in zip(indexes, rendered, strict=True):
-            out[i] = ids
-    return out
 
 
 class Formats:
