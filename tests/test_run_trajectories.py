@@ -321,7 +321,7 @@ def test_a_drawn_reasoning_effort_renders_the_prompt_and_rides_in_chat_bodies(
     assert len({id(c.fmt) for c in conversations}) == 2  # one format per effort, shared
     for c in conversations:
         effort = c.drawn["reasoning_effort"]
-        text = c.fmt.prompt_text(c.next_request().prompt.messages, None)  # type: ignore[union-attr]
+        text = c.fmt.prompt_text(c.next_prompt().messages, None)
         assert f"Reasoning: {effort}" in text
         chat = c.request_sampling(takes_prompt_ids=False)
         native = c.request_sampling(takes_prompt_ids=True)
