@@ -260,7 +260,7 @@ def turn_order_problems(turns: Sequence[tuple[int, str | None]]) -> list[list[st
     """A conversation's written turns, in file order, as (turn index, end): per turn, what is
     wrong with its place. The turns must be 0..k without gaps (`turn_missing` on the first one
     after a gap), each once (`turn_repeated` on a later copy), with at most one `end`, on the
-    last turn (`end_not_last` on an end before it or a second end)."""
+    last turn (`end_not_last` on an end before the last turn, or a second one on it)."""
     problems: list[list[str]] = [[] for _ in turns]
     seen: set[int] = set()
     for i, (k, _) in enumerate(turns):
@@ -271,13 +271,13 @@ def turn_order_problems(turns: Sequence[tuple[int, str | None]]) -> list[list[st
         if k > 0 and k - 1 not in seen and TURN_REPEATED not in problems[i]:
             problems[i].append(TURN_MISSING)
     last = max((k for k, _ in turns), default=-1)
-    ended = False
+    last_ended = False
     for i, (k, end) in enumerate(turns):
         if end is None:
             continue
-        if k != last or ended:
+        if k != last or last_ended:
             problems[i].append(END_NOT_LAST)
-        ended = True
+        last_ended = last_ended or k == last
     return problems
 
 
