@@ -118,11 +118,13 @@ Edit = Callable[[dict[str, list[Record]]], None]
 def write_trajectory_run(root: Path, tok: Tokenizer,
                          conversations: list[tuple[ConversationPlan, list[Say]]] | None = None,
                          *, edit: Edit | None = None, dataset: str = DATASET,
-                         single: list[Message] | None = None) -> Path:
+                         single: list[Message] | None = None,
+                         in_flight: list[str] = ()) -> Path:  # type: ignore[assignment]
     """A run folder whose `dataset` has `turns: all`, the turns written interleaved across
     conversations (as concurrent requests land). `edit` may change each conversation's records
     before they are written (a gap, a repeated turn, an early end). `single`: also a
-    `turns: first` dataset "plain" with one answer to these messages."""
+    `turns: first` dataset "plain" with one answer to these messages. `in_flight`: request
+    IDs journaled as sent and never ended."""
     fmt = get_format("qwen3", tok)
     conversations = conversations or standard_conversations(dataset)
     root.mkdir(parents=True, exist_ok=True)
@@ -147,6 +149,8 @@ def write_trajectory_run(root: Path, tok: Tokenizer,
         for records in by_conversation.values():
             if i < len(records):
                 store.append_record(dataset, records[i])
+    for rid in in_flight:
+        store.journal({"ev": "sent", "id": rid, "dataset": dataset, "t": 1.0, "session": 0})
     if single:
         prompt = Prompt("plain/one", "plain", single, None)
         raw = _raw(fmt, tok, Say("Plain answer."), 0)
