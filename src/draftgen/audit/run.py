@@ -38,9 +38,10 @@ from draftgen.audit.engine import (
 )
 from draftgen.audit.engine import run_chunk as _run_chunk
 from draftgen.audit.report import AuditReport, DatasetAudit
-from draftgen.audit.trajectory import TrajectoryFile, audit_trajectories, trajectory_datasets
+from draftgen.audit.trajectory import TrajectoryFile, audit_trajectories
 from draftgen.errors import DraftgenError
 from draftgen.formats import FormatError
+from draftgen.formats.trajectory import trajectory_datasets
 from draftgen.store.reader import Run, RunFolder, RunOpenError, Snapshot
 from draftgen.store.runinfo import SETTINGS, session_settings
 from draftgen.tokenize import TokenizerError
@@ -317,7 +318,7 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
 
 def _audit_trajectories(report: AuditReport, files: list[_File]) -> None:
     """The `turns: all` datasets' trajectories: summaries, and findings on their lines."""
-    wanted = set().union(*(trajectory_datasets(f.folder.run_json) for f in files))
+    wanted = set().union(*(trajectory_datasets(f.folder.run_json.get("config")) for f in files))
     chosen = [TrajectoryFile(f.key, f.name, str(f.snapshot.path),
                              report.datasets[f.key].snapshot_size
                              - report.datasets[f.key].torn_tail_bytes)

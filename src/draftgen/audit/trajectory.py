@@ -16,7 +16,7 @@ Memory: the prompt and answer IDs of one dataset's turns are held while it is ch
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,14 +29,6 @@ from draftgen.formats.trajectory import (
     turn_order_problems,
 )
 from draftgen.store.record import Record
-
-
-
-def trajectory_datasets(run_json: Mapping[str, Any]) -> set[str]:
-    """The datasets run.json's config gives `turns: all`."""
-    config = run_json.get("config") if isinstance(run_json.get("config"), dict) else {}
-    return {str(d.get("name")) for d in config.get("datasets") or []
-            if isinstance(d, dict) and d.get("turns") == "all"}
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from draftgen.formats.trajectory import trajectory_datasets
 from draftgen.status.clock import Activity, RateClock
 from draftgen.status.model import DatasetStatus, RunStatus, latest
 from draftgen.status.notes import run_notes
@@ -59,12 +60,6 @@ def _config_datasets(run_json: dict[str, Any]) -> list[str]:
     return names
 
 
-def _trajectory_datasets(run_json: dict[str, Any]) -> set[str]:
-    cfg = run_json.get("config")
-    return {ds["name"] for ds in (cfg.get("datasets") or [] if isinstance(cfg, dict) else [])
-            if isinstance(ds, dict) and ds.get("turns") == "all" and isinstance(ds.get("name"), str)}
-
-
 def _run_dataset_info(run_json: dict[str, Any], name: str) -> dict[str, Any]:
     """What the runner recorded for a dataset at its last session (`run.json` "datasets")."""
     info = (run_json.get("datasets") or {}).get(name) if isinstance(
@@ -78,7 +73,7 @@ def read_folder_answers(folder: RunFolder) -> FolderAnswers:
                       sizes={name: _Sizes(folder.responses(name), folder.failures(name))
                              for name in names},
                       journal_size=folder.journal_size())
-    trajectories = _trajectory_datasets(folder.run_json)
+    trajectories = trajectory_datasets(folder.run_json.get("config"))
     for name in names:
         d = DatasetStatus(name)
         info = _run_dataset_info(folder.run_json, name)

@@ -97,12 +97,10 @@ def read_turns(path: Path, line_ends: np.ndarray) -> list[Turn]:
 
 
 def _tail_fields(tail: bytes) -> Turn | None:
-    found = None
-    for found in _FIELDS.finditer(tail):  # the last match: the record's own fields
-        pass
-    if found is None:
+    matches = list(_FIELDS.finditer(tail))  # the last one: the record's own fields
+    if not matches:
         return None
-    conversation, turn, end = found.groups()
+    conversation, turn, end = matches[-1].groups()
     end_value = orjson.loads(end)
     return orjson.loads(conversation), int(turn), end_value if isinstance(end_value, str) else None
 
