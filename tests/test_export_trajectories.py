@@ -18,6 +18,7 @@ from draftgen.export import trajectories as export_trajectories
 from draftgen.formats.trajectory import MaskedSequence, TrajectoryLayout, trajectory_layout
 from draftgen.store.record import Record
 from draftgen.tokenize import Tokenizer
+from tests.test_trajectory import masked_spans
 from tests.trajectory_runs import read_lines, write_trajectory_run
 
 KEYS = ["id", "conversations", "tools", "input_ids", "loss_mask", "metadata"]
@@ -33,18 +34,6 @@ def turn_records(run: Path) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in read_lines(run / "agent" / "responses.jsonl")}
 
 
-def masked_spans(ids: list[int], mask: list[int]) -> list[list[int]]:
-    spans: list[list[int]] = []
-    inside = False
-    for token, bit in zip(ids, mask, strict=True):
-        if bit and not inside:
-            spans.append([])
-        if bit:
-            spans[-1].append(token)
-        inside = bool(bit)
-    return spans
-
-
 def expected_row(turns: dict[str, dict[str, Any]], conversation: str, branch: list[int]
                  ) -> tuple[list[int], list[list[int]]]:
     """The branch's IDs (its last turn's prompt and answer) and its answers, token for token."""
@@ -57,7 +46,7 @@ def assert_exact(row_ids: list[int], row_mask: list[int], want: tuple[list[int],
                  ) -> None:
     ids, outputs = want
     assert row_ids == ids
-    assert masked_spans(row_ids, row_mask) == outputs
+    assert masked_spans(MaskedSequence(row_ids, row_mask, [])) == outputs
     assert sum(row_mask) == sum(len(o) for o in outputs)
 
 
@@ -172,7 +161,7 @@ def test_a_gap_is_a_broken_row(tmp_path: Path, qwen3_tok: Tokenizer) -> None:
         del by["agent/chat"][1]
 
     run = _edited(tmp_path, qwen3_tok, edit)
-    with pytest.raises(ExportError, match="agent/chat.*turn_missing"):
+    with pytest.raises(ExportError, match=r"agent/chat.*turn_missing"):
         _export(run, tmp_path / "out")
     summary = _export(run, tmp_path / "out", skip_broken=True)
     assert summary.tallies["agent"].excluded["broken_row"] == 2
@@ -189,7 +178,7 @@ def test_a_repeated_turn_or_an_early_end_is_a_broken_row(tmp_path: Path, qwen3_t
         else:
             by["agent/loop"][0].end = "no_tool_call"
 
-    with pytest.raises(ExportError, match=f"agent/loop.*{problem}"):
+    with pytest.raises(ExportError, match=rf"agent/loop.*{problem}"):
         _export(_edited(tmp_path, qwen3_tok, edit), tmp_path / "out")
 
 

@@ -148,10 +148,11 @@ def test_page_renders_in_headless_chromium(reported: Reported, tmp_path: Path) -
 
 
 def test_turns_all_datasets_get_turns_per_conversation_and_end_reasons(
-        tmp_path: Path, qwen3_tok: Any) -> None:
+        tmp_path: Path, qwen3_tok: Tokenizer) -> None:
+    from draftgen.store.record import Record
     from tests.trajectory_runs import write_trajectory_run
 
-    def edit(by: dict[str, Any]) -> None:
+    def edit(by: dict[str, list[Record]]) -> None:
         by["agent/loop"][2].end = "tool_call_differs"  # another reason, to be counted apart
 
     run = write_trajectory_run(tmp_path / "run", qwen3_tok, edit=edit,

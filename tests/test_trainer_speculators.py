@@ -18,6 +18,7 @@ IDs and loss masks must equal the records on every row.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -234,7 +235,7 @@ def _branch_rows(run: Path, out: Path) -> dict[str, tuple[list[int], list[int]]]
         assert_exact(line["input_ids"], line["loss_mask"],
                      expected_row(turns, meta["conversation"], meta["turns"]))
         rows[line["id"]] = (line["input_ids"], line["loss_mask"])
-    assert any(sum(1 for a, b in zip(m, m[1:], strict=False) if (a, b) == (0, 1)) > 1
+    assert any(sum(1 for pair in itertools.pairwise(m) if pair == (0, 1)) > 1
                for _, m in rows.values())  # a row with several answers in its mask
     return rows
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -31,27 +30,15 @@ from draftgen.store.record import Record
 from draftgen.store.runinfo import end_session, start_session
 from draftgen.tokenize import Tokenizer
 from draftgen.types import Message, Prompt, RawAnswer, Usage
-from tests.test_trajectory import CHAT, TOOL_LOOP_MESSAGES, WEATHER, call
+from tests.test_trajectory import CHAT, CHAT_SAYS, TOOL_LOOP_MESSAGES, WEATHER, Say, call
 
 DATASET = "agent"
 
 
-@dataclass
-class Say:
-    """What the target answers at one turn."""
-
-    content: str
-    reasoning: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    finished: bool = True
-
-
-CHAT_SAYS = [Say("Hey there.", "A greeting."), Say("It is 4.", "Two plus two."),
-             Say("Any time.", "Be kind.")]
 LOOP_SAYS = [Say("", "Look up Paris.", [call("c1", "Paris")]),
              Say("", "Then Tokyo.", [call("c2", "Tokyo")]),
              Say("Paris: 21C. Tokyo: 28C.", "Both known.")]
-LOOP = [m for m in TOOL_LOOP_MESSAGES[:6]]
+LOOP = TOOL_LOOP_MESSAGES[:6]
 """One query answered through two tool calls (no second query): one sequence in Qwen3."""
 
 

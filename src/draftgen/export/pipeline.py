@@ -319,15 +319,7 @@ def _picks(source: RunSource, datasets: list[str], selector: Selector,
                 tally.excluded[reason] += 1
                 continue
             assert isinstance(record, Record)  # a damaged line always has a reason
-            if selector.copies(d, record.id) == 0:
-                tally.excluded["weight"] += 1
-                continue
-            picks = selector.picks(d, record.id)
-            if not picks:
-                tally.excluded["cap"] += 1
-                continue
-            tally.extra_copies += len(picks) - 1
-            for pick in picks:
+            for pick in _row_picks(d, record.id, selector, tally):
                 yield d, record, pick, None
 
 
@@ -338,16 +330,20 @@ def _branch_picks(source: RunSource, dataset: str, selector: Selector, tally: Da
         if reason:
             tally.excluded[reason] += 1
             continue
-        if selector.copies(dataset, record.id) == 0:
-            tally.excluded["weight"] += 1
-            continue
-        picks = selector.picks(dataset, record.id)
-        if not picks:
-            tally.excluded["cap"] += 1
-            continue
-        tally.extra_copies += len(picks) - 1
-        for pick in picks:
+        for pick in _row_picks(dataset, record.id, selector, tally):
             yield dataset, record, pick, branch
+
+
+def _row_picks(dataset: str, rid: str, selector: Selector, tally: DatasetTally) -> list[Pick]:
+    """The copies of an eligible row after weights and caps (what leaves none, counted)."""
+    if selector.copies(dataset, rid) == 0:
+        tally.excluded["weight"] += 1
+        return []
+    picks = selector.picks(dataset, rid)
+    if not picks:
+        tally.excluded["cap"] += 1
+    tally.extra_copies += max(0, len(picks) - 1)
+    return picks
 
 
 # ---- the external shuffle -------------------------------------------------------------------
