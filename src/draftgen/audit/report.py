@@ -23,6 +23,8 @@ class Failing:
     starts: array = field(default_factory=lambda: array("q"))
     ends: array = field(default_factory=lambda: array("q"))
     masks: array = field(default_factory=lambda: array("Q"))
+    _at: dict[int, int] | None = field(default=None, repr=False, compare=False)
+    """Entry per line start, built when `mark` is first called."""
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -39,10 +41,13 @@ class Failing:
 
     def mark(self, start: int, end: int, mask: int) -> None:
         """Add problems to a line: to its entry where it already fails, else a new one."""
-        for i, s in enumerate(self.starts):
-            if s == start:
-                self.masks[i] |= mask
-                return
+        if self._at is None or len(self._at) != len(self.starts):
+            self._at = {s: i for i, s in enumerate(self.starts)}
+        i = self._at.get(start)
+        if i is not None:
+            self.masks[i] |= mask
+            return
+        self._at[start] = len(self.starts)
         self.starts.append(start)
         self.ends.append(end)
         self.masks.append(mask)
