@@ -127,3 +127,14 @@ def test_turn_order_problems() -> None:
     assert turn_order_problems([(0, "budget"), (1, "last_turn")]) == [["end_not_last"], []]
     assert turn_order_problems([(0, None), (1, "x"), (1, "y")]) == [
         [], [], ["turn_repeated", "end_not_last"]]
+
+
+def test_a_file_is_read_in_blocks_whatever_their_size(tmp_path: Path, qwen3_tok: Tokenizer
+                                                      ) -> None:
+    root = write_trajectory_run(tmp_path / "run", qwen3_tok)
+    path = root / "agent" / "responses.jsonl"
+    f = audit_trajectory.TrajectoryFile("agent", "agent", str(path), path.stat().st_size)
+    whole = list(audit_trajectory._file_lines(f))
+    assert len(whole) == 9 and whole[-1][1] == path.stat().st_size
+    for block in (7, 1000, 4096):  # smaller than a line, and several lines a block
+        assert list(audit_trajectory._file_lines(f, block)) == whole

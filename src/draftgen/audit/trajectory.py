@@ -16,12 +16,12 @@ Memory: the prompt and answer IDs of one dataset's turns are held while it is ch
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from draftgen.audit.checks import TRAJECTORY_PROBLEMS as TRAJECTORY_PROBLEMS
-from draftgen.audit.engine import Chunk, _lines, _record
+from draftgen.audit.engine import Chunk, chunk_lines, record_of
 from draftgen.formats.trajectory import (
     TurnTokens,
     mask_covers_sampled,
@@ -51,6 +51,10 @@ class TrajectoryAudit:
                 "layouts": dict(self.layouts), "sequences": self.sequences,
                 "breaks": self.breaks,
                 "ends": {(k or "none"): n for k, n in self.ends.most_common()}}
+
+
+BLOCK_BYTES = 64 << 20
+"""How much of a responses file is read at a time."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,8 @@ def audit_trajectories(files: Iterable[TrajectoryFile]
     findings: list[Finding] = []
     for f in files:
         conversations = by_dataset.setdefault(f.dataset, {})
-        for start, stop, line in _lines(Chunk(f.dataset, f.path, 0, f.stop)):
-            record = _record(line) if line.strip() else None
+        for start, stop, line in _file_lines(f):
+            record = record_of(line) if line.strip() else None
             if not isinstance(record, Record):
                 continue  # not a record: the per-answer audit reports it
             conversation = record.conversation
@@ -115,6 +119,20 @@ def audit_trajectories(files: Iterable[TrajectoryFile]
         for turns in conversations.values():
             findings.extend(_check_conversation(turns, summary))
     return summaries, findings
+
+
+def _file_lines(f: TrajectoryFile, block: int = BLOCK_BYTES) -> Iterator[tuple[int, int, bytes]]:
+    """The file's lines up to `f.stop`, read a block at a time."""
+    start = 0
+    while start < f.stop:
+        lines = chunk_lines(Chunk(f.dataset, f.path, start, min(f.stop, start + block)))
+        if not lines:
+            if start + block >= f.stop:
+                return
+            block *= 2  # a line longer than the block
+            continue
+        yield from lines
+        start = lines[-1][1]
 
 
 def _check_conversation(turns: list[_Turn], summary: TrajectoryAudit) -> list[Finding]:
