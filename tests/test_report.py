@@ -145,3 +145,27 @@ def test_page_renders_in_headless_chromium(reported: Reported, tmp_path: Path) -
     differs = (abs(pixels - background).sum(axis=-1) > 0.05).mean()
     assert pixels.std() > 0.02
     assert differs > 0.05  # text, tables and figures cover a good part of the page
+
+
+def test_turns_all_datasets_get_turns_per_conversation_and_end_reasons(
+        tmp_path: Path, qwen3_tok: Tokenizer) -> None:
+    from draftgen.store.record import Record
+    from tests.trajectory_runs import write_trajectory_run
+
+    def edit(by: dict[str, list[Record]]) -> None:
+        by["agent/loop"][2].end = "tool_call_differs"  # another reason, to be counted apart
+
+    run = write_trajectory_run(tmp_path / "run", qwen3_tok, edit=edit,
+                               single=[{"role": "user", "content": "Hi"}])
+    page = write_report(run, tmp_path / "r").index.read_text()
+    assert '<table id="trajectories">' in page
+    # 4 conversations, 3 ended, 9 turns, 2.25 per conversation, at most 3
+    assert ("<td>agent</td><td>4</td><td>3</td><td>9</td><td>2.25</td><td>3</td>"
+            "<td>finish_length 1, last_turn 1, tool_call_differs 1</td>") in page
+    assert "<td>plain</td><td>1</td>" in page.split('<table id="trajectories">')[0]
+    assert "<td>plain</td>" not in page.split('<table id="trajectories">')[1].split(
+        "</table>")[0]
+
+
+def test_no_trajectory_table_without_turns_all(reported: Reported) -> None:
+    assert '<table id="trajectories">' not in reported.page

@@ -353,3 +353,32 @@ def test_pretokenized_file_of_another_export_is_refused(runs: dict[str, Path],
         f"{big / 'conversations.jsonl'} has 40: pass the pretokenized.jsonl exported with "
         "that file")
     assert not (tmp_path / "r.json").exists()
+
+
+# ---- turns: all trajectories (tests/trajectory_runs.py writes the run) -----------------------
+
+
+def test_trajectory_pretokenized_rows_load_exactly(tmp_path: Path, qwen3_dir: Path) -> None:
+    """A trajectory's branches in pretokenized.jsonl, read by `prepare_prompt_tasks`: each
+    row its last turn's prompt and answer, the mask on every answer of the branch."""
+    from draftgen.tokenize import load_tokenizer as load_draftgen_tokenizer
+    from tests.test_export_trajectories import assert_exact, expected_row, turn_records
+    from tests.trajectory_runs import read_lines, write_trajectory_run
+
+    run = write_trajectory_run(tmp_path / "run",
+                               load_draftgen_tokenizer(str(qwen3_dir / "tokenizer.json")))
+    out = _export(run, tmp_path / "out", shuffle=False)
+    tasks = prepare_prompt_tasks(
+        out / "pretokenized.jsonl", None, chat_template=None, max_length=MAX_LENGTH,
+        is_preformatted=False, train_only_last_turn=False, cache_dir=None, cache_key=None,
+        num_proc=None)
+    ids = [r["id"] for r in read_lines(out / "conversations.jsonl")]
+    rows = _payload_rows(tasks)
+    assert len(rows) == len(ids) == 6
+    turns = turn_records(run)
+    branch_turns = {"agent/loop:branch-0": [0, 1, 2], "agent/chat:branch-0": [0],
+                    "agent/chat:branch-1": [1], "agent/chat:branch-2": [2],
+                    "agent/cut:branch-0": [0], "agent/pending:branch-0": [0]}
+    for rid, (row_ids, row_mask) in zip(ids, rows, strict=True):
+        assert_exact(row_ids, row_mask,
+                     expected_row(turns, rid.split(":")[0], branch_turns[rid]))

@@ -18,6 +18,7 @@ IDs and loss masks must equal the records on every row.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,59 @@ def test_jsonl_through_prepare_data_pass_through(run_dir: Path, tmp_path: Path,
     for i in range(len(ds)):
         ids, mask = _expected(recs[order[i]])
         assert ds[i]["input_ids"].tolist() == ids and ds[i]["loss_mask"].tolist() == mask
+
+
+# ---- turns: all trajectories (tests/trajectory_runs.py writes the run) -----------------------
+
+
+@pytest.fixture(scope="module")
+def trajectory_run(tmp_path_factory: pytest.TempPathFactory, qwen3_dir: Path) -> Path:
+    from draftgen.tokenize import load_tokenizer
+    from tests.trajectory_runs import write_trajectory_run
+
+    tok = load_tokenizer(str(qwen3_dir / "tokenizer.json"))
+    return write_trajectory_run(tmp_path_factory.mktemp("traj") / "run", tok)
+
+
+def _branch_rows(run: Path, out: Path) -> dict[str, tuple[list[int], list[int]]]:
+    """Each branch's IDs and mask as the trajectory JSONL holds them, checked against the turn
+    records: the last turn's prompt + answer, the mask's spans its turns' answers."""
+    from tests.test_export_trajectories import assert_exact, expected_row, turn_records
+    from tests.trajectory_runs import read_lines
+
+    export_run(run, ExportOptions(format=ExportFormat.trajectories, out=out))
+    turns = turn_records(run)
+    rows = {}
+    for line in read_lines(out / "trajectories.jsonl"):
+        meta = line["metadata"]
+        assert_exact(line["input_ids"], line["loss_mask"],
+                     expected_row(turns, meta["conversation"], meta["turns"]))
+        rows[line["id"]] = (line["input_ids"], line["loss_mask"])
+    assert any(sum(1 for pair in itertools.pairwise(m) if pair == (0, 1)) > 1
+               for _, m in rows.values())  # a row with several answers in its mask
+    return rows
+
+
+def test_trajectory_jsonl_through_prepare_data_pass_through(trajectory_run: Path, tmp_path: Path,
+                                                            qwen3_dir: Path) -> None:
+    rows = _branch_rows(trajectory_run, tmp_path / "traj")
+    raw, _ = load_raw_dataset(str(tmp_path / "traj" / "trajectories.jsonl"))
+    processor = PreTrainedTokenizerFast(tokenizer_file=str(qwen3_dir / "tokenizer.json"))
+    prepared = build_speculator_training_dataset(raw, processor, max_length=MAX_LEN, num_proc=1)
+    assert len(prepared) == len(raw) == len(rows)
+    for row, rid in zip(prepared, raw["id"], strict=True):
+        assert (row["input_ids"].tolist(), row["loss_mask"].tolist()) == rows[rid]
+
+
+def test_trajectory_branches_load_in_the_arrow_dataset(trajectory_run: Path, tmp_path: Path
+                                                       ) -> None:
+    rows = _branch_rows(trajectory_run, tmp_path / "traj")
+    out = tmp_path / "spec"
+    export_run(trajectory_run, ExportOptions(format=ExportFormat.speculators, out=out))
+    ds = ArrowDataset(max_len=MAX_LEN, datapath=str(out), on_missing="raise")
+    _cache_hidden_states(out, ds)
+    assert len(ds) == len(rows)
+    for i in range(len(ds)):
+        sample = ds[i]
+        rid = ds.data[i]["metadata"]["id"]
+        assert (sample["input_ids"].tolist(), sample["loss_mask"].tolist()) == rows[rid]

@@ -410,8 +410,9 @@ def export(
     run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
     fmt: Annotated[ExportFormat, typer.Option(
         "--format", "-f", help="speculators (HF save_to_disk Arrow), specforge (pre-tokenized, "
-        "text and conversations JSONL) or parquet (one flat table for analysis; no trainer "
-        "reads it).")],
+        "text and conversations JSONL), trajectories (speculators' trajectory JSONL: one line "
+        "per branch of a turns: all conversation) or parquet (one flat table for analysis; no "
+        "trainer reads it).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (created).")],
     dataset: Annotated[list[str] | None, typer.Option(
         "--dataset", "-d", help="Export only this dataset (repeatable; default: all).")] = None,
@@ -437,8 +438,11 @@ def export(
     overlong: Annotated[Overlong, typer.Option(
         "--overlong", help="Rows over --max-len: drop them, or truncate (cut the answer's "
         "tail; the prompt is kept whole).")] = Overlong.drop,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of shuffle, split, weights, caps.")
-                    ] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of shuffle, split, weights, caps, "
+                                      "turn dropout.")] = 0,
+    turn_dropout: Annotated[float, typer.Option(
+        "--turn-dropout", help="turns: all datasets: the probability that a conversation is "
+        "cut after a seeded random number of turns (1 to all but one).")] = 0.0,
     shuffle: Annotated[bool, typer.Option("--shuffle/--no-shuffle")] = True,
     val_fraction: Annotated[float, typer.Option(
         "--val-fraction", help="Fraction of answers put in a validation split (by hash).")
@@ -469,8 +473,8 @@ def export(
         caps=parse_pairs(cap, "--cap", int), weights=parse_pairs(weight, "--weight", float),
         exclude_truncated=exclude_truncated,
         min_check=MinCheck.exact if exact_only else min_check, checks=checks,
-        max_len=max_len, overlong=overlong, seed=seed, shuffle=shuffle,
-        val_fraction=val_fraction, jsonl=jsonl, text=text, tokenizer=tokenizer,
+        max_len=max_len, overlong=overlong, seed=seed, turn_dropout=turn_dropout,
+        shuffle=shuffle, val_fraction=val_fraction, jsonl=jsonl, text=text, tokenizer=tokenizer,
         overwrite=overwrite, skip_broken=skip_broken,
     )
     summary = export_run(run_dir, opts)

@@ -46,7 +46,18 @@ PROBLEMS: dict[str, str] = {
     "quantization_excluded": "answered at a quantization the config's routing excluded",
     "duplicate_id": "an ID already answered earlier (this or another dataset's file)",
 }
-"""Every problem code, with what it means."""
+"""Every problem code, with what it means (the trajectory ones added below)."""
+
+TRAJECTORY_PROBLEMS: dict[str, str] = {
+    "turn_missing": "a conversation's turn written after a gap (turns not 0..k in a row)",
+    "turn_repeated": "a conversation's turn written twice",
+    "end_not_last": "an end on a turn before the conversation's last, or a second end",
+    "turn_id_mismatch": "a turn of a `turns: all` dataset whose id is not "
+                        "{conversation}#{turn} (or that lacks conversation or turn)",
+    "mask_not_sampled": "the trajectory's loss mask does not cover exactly the sampled tokens",
+}
+"""The findings about `turns: all` datasets as trajectories (`audit.trajectory`)."""
+PROBLEMS.update(TRAJECTORY_PROBLEMS)
 
 REQUIRED = ("id", "input_ids", "output_ids", "finish_reason", "token_source", "token_check",
             "messages")

@@ -315,7 +315,7 @@ class ChunkResult:
     """Answers of sessions whose settings cannot be had (UNJUDGED): counted, not checked."""
 
 
-def _lines(chunk: Chunk) -> list[tuple[int, int, bytes]]:
+def chunk_lines(chunk: Chunk) -> list[tuple[int, int, bytes]]:
     with open(chunk.path, "rb") as f:
         f.seek(chunk.start)
         raw = f.read(chunk.stop - chunk.start)
@@ -330,7 +330,7 @@ def _lines(chunk: Chunk) -> list[tuple[int, int, bytes]]:
     return out
 
 
-def _record(line: bytes) -> Checked | None:
+def record_of(line: bytes) -> Checked | None:
     """The line's record; what there is of a damaged one with a string id; None for a line
     that is not a record."""
     record = read_record(line)
@@ -341,8 +341,8 @@ def _record(line: bytes) -> Checked | None:
 
 def audit_chunk(judges: Judges, chunk: Chunk, examples: int = 5) -> ChunkResult:
     result = ChunkResult(chunk.dataset)
-    lines = _lines(chunk)
-    parsed = [(s, e, _record(line)) for s, e, line in lines if line.strip()]
+    lines = chunk_lines(chunk)
+    parsed = [(s, e, record_of(line)) for s, e, line in lines if line.strip()]
     records = [r for _, _, r in parsed if r is not None]
     checked = iter(_check_by_session(judges, chunk, records, result))
     for start, end, record in parsed:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.audit.checks import PROBLEMS
-from draftgen.audit.engine import ChunkResult
+from draftgen.audit.engine import BIT, ChunkResult
+from draftgen.audit.trajectory import Finding, TrajectoryAudit
 
 EXAMPLES = 5
 
@@ -22,6 +23,8 @@ class Failing:
     starts: array = field(default_factory=lambda: array("q"))
     ends: array = field(default_factory=lambda: array("q"))
     masks: array = field(default_factory=lambda: array("Q"))
+    _at: dict[int, int] | None = field(default=None, repr=False, compare=False)
+    """Entry per line start, built when `mark` is first called."""
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -35,6 +38,19 @@ class Failing:
         self.starts.extend(other.starts)
         self.ends.extend(other.ends)
         self.masks.extend(other.masks)
+
+    def mark(self, start: int, end: int, mask: int) -> None:
+        """Add problems to a line: to its entry where it already fails, else a new one."""
+        if self._at is None or len(self._at) != len(self.starts):
+            self._at = {s: i for i, s in enumerate(self.starts)}
+        i = self._at.get(start)
+        if i is not None:
+            self.masks[i] |= mask
+            return
+        self._at[start] = len(self.starts)
+        self.starts.append(start)
+        self.ends.append(end)
+        self.masks.append(mask)
 
 
 @dataclass
@@ -72,6 +88,8 @@ class AuditReport:
     groups: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     seconds: float = 0.0
     workers: int = 1
+    trajectories: dict[str, TrajectoryAudit] = field(default_factory=dict)
+    """Per `turns: all` dataset: its conversations as trajectories (`audit.trajectory`)."""
 
     @property
     def answers(self) -> int:
@@ -117,6 +135,19 @@ class AuditReport:
             shown.extend(i for i in ids if i not in shown)
             del shown[EXAMPLES:]
 
+    def add_finding(self, finding: Finding) -> None:
+        """A trajectory finding on one line of a file."""
+        d = self.datasets[finding.key]
+        mask = 0
+        for p in finding.problems:
+            mask |= BIT[p]
+            d.problems[p] += 1
+            self.problems[p] += 1
+            shown = self.examples.setdefault(p, [])
+            if len(shown) < EXAMPLES and finding.rid not in shown:
+                shown.append(finding.rid)
+        d.failing.mark(finding.start, finding.end, mask)
+
     def _group_json(self, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for (k, name, problem), n in sorted(self.groups.items()):
@@ -145,6 +176,8 @@ class AuditReport:
             "datasets": {name: _dataset_json(d) for name, d in self.by_dataset().items()},
             **({"files": {key: {"folder": str(d.folder), "dataset": d.name, **_dataset_json(d)}
                           for key, d in self.datasets.items()}} if self.sharded else {}),
+            **({"trajectories": {name: t.as_json() for name, t in self.trajectories.items()}}
+               if self.trajectories else {}),
             "by_backend": self._group_json("backend"),
             "by_provider": self._group_json("provider"),
             "seconds": round(self.seconds, 3),
@@ -198,6 +231,8 @@ def render_report(report: AuditReport, console: Any) -> None:
             fails = ", ".join(f"{p} {n:,}" for p, n in sorted(g["problems"].items())) or "-"
             t.add_row(for_console(name), f"{g['answers']:,}", fails)
         console.print(t)
+    if report.trajectories:
+        console.print(_trajectories_table(report))
     if report.sharded:
         console.print(_folders_table(report))
     for note in report.notes:
@@ -214,4 +249,19 @@ def _folders_table(report: AuditReport) -> Any:
         place = folder.relative_to(report.root) if folder.is_relative_to(report.root) else folder
         t.add_row(str(place), f"{sum(d.answers for d in files):,}",
                   f"{sum(len(d.failing) for d in files):,}")
+    return t
+
+
+def _trajectories_table(report: AuditReport) -> Any:
+    from rich.table import Table
+
+    t = Table(title="trajectories (turns: all)", title_justify="left", header_style="bold")
+    for col in ("dataset", "conversations", "turns", "one sequence", "branched", "sequences",
+                "ended"):
+        t.add_column(col, justify="left" if col in ("dataset", "ended") else "right")
+    for name, a in report.trajectories.items():
+        ends = ", ".join(f"{k or 'none'} {n:,}" for k, n in a.ends.most_common())
+        t.add_row(name, f"{a.conversations:,}", f"{a.turns:,}",
+                  f"{a.layouts.get('sequence', 0):,}", f"{a.layouts.get('branches', 0):,}",
+                  f"{a.sequences:,}", ends or "-")
     return t

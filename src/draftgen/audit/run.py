@@ -38,8 +38,10 @@ from draftgen.audit.engine import (
 )
 from draftgen.audit.engine import run_chunk as _run_chunk
 from draftgen.audit.report import AuditReport, DatasetAudit
+from draftgen.audit.trajectory import TrajectoryFile, audit_trajectories
 from draftgen.errors import DraftgenError
 from draftgen.formats import FormatError
+from draftgen.formats.trajectory import trajectory_datasets
 from draftgen.store.reader import Run, RunFolder, RunOpenError, Snapshot
 from draftgen.store.runinfo import SETTINGS, session_settings
 from draftgen.tokenize import TokenizerError
@@ -299,6 +301,7 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
         unjudged += r.unjudged
         if progress is not None:
             progress(report.answers, total)
+    _audit_trajectories(report, files)
     if report.live:
         report.notes.append("a draftgen run is live on this folder: audited the answers present "
                             "when the audit started")
@@ -311,6 +314,20 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
                             "checks needing those fields were skipped for them")
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _audit_trajectories(report: AuditReport, files: list[_File]) -> None:
+    """The `turns: all` datasets' trajectories: summaries, and findings on their lines."""
+    wanted = set().union(*(trajectory_datasets(f.folder.run_json.get("config")) for f in files))
+    chosen = [TrajectoryFile(f.key, f.name, str(f.snapshot.path),
+                             report.datasets[f.key].snapshot_size
+                             - report.datasets[f.key].torn_tail_bytes)
+              for f in files if f.name in wanted]
+    if not chosen:
+        return
+    report.trajectories, findings = audit_trajectories(chosen)
+    for finding in findings:
+        report.add_finding(finding)
 
 
 def _tokenizer_note(report: AuditReport, run_json: dict[str, Any], auditor: Auditor,

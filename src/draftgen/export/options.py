@@ -20,6 +20,7 @@ class ExportFormat(StrEnum):
     speculators = "speculators"
     specforge = "specforge"
     parquet = "parquet"
+    trajectories = "trajectories"
 
 
 class MinCheck(StrEnum):
@@ -63,6 +64,9 @@ class ExportOptions:
     max_len: int | None = None
     overlong: Overlong = Overlong.drop
     seed: int = 0
+    turn_dropout: float = 0.0
+    """`turns: all` datasets: the probability that a conversation is cut after a seeded random
+    number of turns (`export.trajectories.dropout_turns`)."""
     shuffle: bool = True
     val_fraction: float = 0.0
     jsonl: bool = False
@@ -86,6 +90,8 @@ class ExportOptions:
     def validate(self) -> None:
         if not 0 <= self.val_fraction < 1:
             raise ExportError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
+        if not 0 <= self.turn_dropout <= 1:
+            raise ExportError(f"--turn-dropout must be in [0, 1], got {self.turn_dropout}")
         if self.max_len is not None and self.max_len < 2:
             raise ExportError(f"--max-len must be at least 2, got {self.max_len}")
         for name, cap in self.caps.items():

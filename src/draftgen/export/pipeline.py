@@ -43,7 +43,24 @@ from draftgen.export.source import (
     load_run_tokenizer,
     open_run,
 )
-from draftgen.export.writers import ParquetSink, Sink, SpecForgeSink, SpeculatorsSink
+from draftgen.export.trajectories import (
+    AFTER_EXCLUDED,
+    TURN_DROPOUT,
+    Branch,
+    branches,
+    dropout_turns,
+    group,
+    kept_turns,
+    order_problem,
+)
+from draftgen.export.writers import (
+    ParquetSink,
+    Sink,
+    SpecForgeSink,
+    SpeculatorsSink,
+    TrajectorySink,
+)
+from draftgen.formats.trajectory import trajectory_datasets
 from draftgen.store.record import Record, decode_record, encode_record
 from draftgen.store.runinfo import SETTINGS, changed_settings
 from draftgen.store.shards import run_folder_at_or_above, run_folder_below
@@ -208,6 +225,8 @@ def _make_sink(opts: ExportOptions, staging: Path, source: RunSource, tok: RunTo
                                tok.tokenizer if opts.text else None, opts.jsonl, seed)
     if opts.format is ExportFormat.specforge:
         return SpecForgeSink(staging, opts.splits, tok.tokenizer, tok.fmt)
+    if opts.format is ExportFormat.trajectories:
+        return TrajectorySink(staging, opts.splits, source.sampling)
     return ParquetSink(staging, opts.splits)
 
 
@@ -232,25 +251,67 @@ def _cap_thresholds(source: RunSource, datasets: list[str], selector: Selector,
                     caps: dict[str, int]) -> dict[str, int | None]:
     """First pass: per capped dataset, the largest order key among its N smallest."""
     out: dict[str, int | None] = {}
+    trajectories = trajectory_datasets(source.config)
     for d in datasets:
         if d not in caps:
             continue
         finder = CapFinder(caps[d])
-        for record in _records(source, d):
-            if selector.exclusion(d, record) is None:
+        if d in trajectories:
+            for record, _ in _trajectory_rows(source, d, selector):
                 finder.add(selector.order_keys(d, record.id))
+        else:
+            for record in _records(source, d):
+                if selector.exclusion(d, record) is None:
+                    finder.add(selector.order_keys(d, record.id))
         out[d] = finder.threshold()
     return out
 
 
-Item = tuple[str, Record, Pick]
+def _trajectory_rows(source: RunSource, dataset: str, selector: Selector,
+                     tally: DatasetTally | None = None) -> Iterator[tuple[Record, Branch]]:
+    """A `turns: all` dataset's rows: each conversation's turns up to the first excluded one,
+    cut by --turn-dropout, one row per sequence of its layout (`export.trajectories`)."""
+    opts = selector.opts
+    counted = tally if tally is not None else DatasetTally()
+
+    def read() -> Iterator[tuple[Record, str | None]]:
+        for record in _records(source, dataset, tally):
+            counted.records += 1
+            reason = selector.exclusion(dataset, record)
+            if reason:
+                counted.excluded[reason] += 1
+            if isinstance(record, Record):
+                yield record, reason
+
+    for conversation, conv in group(read()).items():
+        problem = order_problem(conversation, conv.turns)
+        if problem:
+            if not opts.skip_broken:
+                raise BrokenRow(f"dataset {dataset}: {problem}")
+            counted.excluded["broken_row"] += len(conv.turns) - conv.excluded
+            continue
+        kept = kept_turns(conv)
+        n = dropout_turns(conversation, len(kept), opts.turn_dropout, opts.seed)
+        for reason, turns in ((AFTER_EXCLUDED, len(conv.turns) - conv.excluded - len(kept)),
+                              (TURN_DROPOUT, len(kept) - n)):
+            if turns:
+                counted.excluded[reason] += turns
+        if n:
+            yield from branches(conversation, kept[:n], cut=n < len(kept))
+
+
+Item = tuple[str, Record, Pick, Branch | None]
 
 
 def _picks(source: RunSource, datasets: list[str], selector: Selector,
            summary: ExportSummary) -> Iterator[Item]:
     """Every row to write, in run order, with exclusions counted."""
+    trajectories = trajectory_datasets(source.config)
     for d in datasets:
         tally = summary.tallies[d]
+        if d in trajectories:
+            yield from _branch_picks(source, d, selector, tally)
+            continue
         for record in _records(source, d, tally):
             tally.records += 1
             reason = selector.exclusion(d, record)
@@ -258,16 +319,31 @@ def _picks(source: RunSource, datasets: list[str], selector: Selector,
                 tally.excluded[reason] += 1
                 continue
             assert isinstance(record, Record)  # a damaged line always has a reason
-            if selector.copies(d, record.id) == 0:
-                tally.excluded["weight"] += 1
-                continue
-            picks = selector.picks(d, record.id)
-            if not picks:
-                tally.excluded["cap"] += 1
-                continue
-            tally.extra_copies += len(picks) - 1
-            for pick in picks:
-                yield d, record, pick
+            for pick in _row_picks(d, record.id, selector, tally):
+                yield d, record, pick, None
+
+
+def _branch_picks(source: RunSource, dataset: str, selector: Selector, tally: DatasetTally
+                  ) -> Iterator[Item]:
+    for record, branch in _trajectory_rows(source, dataset, selector, tally):
+        reason = selector.length_exclusion(record)
+        if reason:
+            tally.excluded[reason] += 1
+            continue
+        for pick in _row_picks(dataset, record.id, selector, tally):
+            yield dataset, record, pick, branch
+
+
+def _row_picks(dataset: str, rid: str, selector: Selector, tally: DatasetTally) -> list[Pick]:
+    """The copies of an eligible row after weights and caps (what leaves none, counted)."""
+    if selector.copies(dataset, rid) == 0:
+        tally.excluded["weight"] += 1
+        return []
+    picks = selector.picks(dataset, rid)
+    if not picks:
+        tally.excluded["cap"] += 1
+    tally.extra_copies += max(0, len(picks) - 1)
+    return picks
 
 
 # ---- the external shuffle -------------------------------------------------------------------
@@ -302,8 +378,8 @@ def _sorted_by_key(items: Iterator[Item], source: RunSource, datasets: list[str]
         with contextlib.ExitStack() as stack:
             files: list[IO[bytes]] = [stack.enter_context(open(p, "wb", buffering=1 << 16))
                                       for p in paths]
-            for dataset, record, pick in items:
-                files[(pick.key * k) >> 64].write(_spill_line(dataset, record, pick))
+            for dataset, record, pick, branch in items:
+                files[(pick.key * k) >> 64].write(_spill_line(dataset, record, pick, branch))
         for path in paths:
             yield from _read_bucket(path)
             path.unlink()
@@ -311,9 +387,11 @@ def _sorted_by_key(items: Iterator[Item], source: RunSource, datasets: list[str]
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _spill_line(dataset: str, record: Record, pick: Pick) -> bytes:
+def _spill_line(dataset: str, record: Record, pick: Pick, branch: Branch | None) -> bytes:
     head = f"{pick.key:016x}\t{pick.copy}\t{pick.split}\t{dataset}\t".encode()
-    return head + encode_record(record) + b"\n"
+    # A record's JSON holds no raw tab: the branch, if any, follows the record after one.
+    tail = b"" if branch is None else b"\t" + branch.encode()
+    return head + encode_record(record) + tail + b"\n"
 
 
 def _read_bucket(path: Path) -> Iterator[Item]:
@@ -325,7 +403,9 @@ def _read_bucket(path: Path) -> Iterator[Item]:
     for line in lines:
         key, copy, split, dataset, body = line.split(b"\t", 4)
         pick = Pick(int(key, 16), int(copy), split.decode())
-        yield dataset.decode(), decode_record(body), pick
+        body, _, branch = body.partition(b"\t")
+        yield (dataset.decode(), decode_record(body), pick,
+               Branch.decode(branch) if branch else None)
 
 
 # ---- writing --------------------------------------------------------------------------------
@@ -335,8 +415,8 @@ def _write_rows(items: Iterator[Item], sink: Sink, opts: ExportOptions,
                 summary: ExportSummary) -> None:
     batches: dict[str, list[TrainRow]] = {s: [] for s in opts.splits}
     max_len = opts.max_len if opts.overlong.value == "truncate" else None
-    for dataset, record, pick in items:
-        row = build_row(dataset, record, pick.split, max_len)
+    for dataset, record, pick, branch in items:
+        row = build_row(dataset, record, pick.split, max_len, branch)
         tally = summary.tallies[dataset]
         tally.written[pick.split] += 1
         tally.truncated_to_max_len += row.cut

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from draftgen.export.checks import BrokenRow, mask_problem
+from draftgen.export.trajectories import Branch
 from draftgen.store.record import Record
 
 
@@ -24,22 +25,28 @@ class TrainRow:
     cut: bool
     """Cut at --max-len."""
     split: str
+    branch: Branch | None = None
+    """A trajectory's sequence (`turns: all`): the record is its last turn, `loss_mask` also 1
+    on its earlier turns' answers."""
 
     @property
     def id(self) -> str:
         return self.record.id
 
 
-def build_row(dataset: str, record: Record, split: str, max_len: int | None) -> TrainRow:
-    """input_ids = prompt + answer, loss_mask 0 on the prompt and 1 on the answer, cut to
-    max_len when given. Raises BrokenRow when the mask is not sound."""
+def build_row(dataset: str, record: Record, split: str, max_len: int | None,
+              branch: Branch | None = None) -> TrainRow:
+    """input_ids = prompt + answer, loss_mask 0 on the prompt and 1 on the answer (a
+    trajectory's branch: its mask, 1 on every answer it holds), cut to max_len when given.
+    Raises BrokenRow when the mask is not sound."""
     prompt, answer = record.input_ids, record.output_ids
     ids = prompt + answer
-    mask = [0] * len(prompt) + [1] * len(answer)
+    mask = [0] * len(prompt) + [1] * len(answer) if branch is None else list(branch.loss_mask)
     cut = max_len is not None and len(ids) > max_len
     if cut:
         ids, mask = ids[:max_len], mask[:max_len]
-    row = TrainRow(dataset, record, ids, mask, len(prompt), len(ids) - len(prompt), cut, split)
+    row = TrainRow(dataset, record, ids, mask, len(prompt), len(ids) - len(prompt), cut, split,
+                   branch)
     check_row(row)
     return row
 
@@ -160,4 +167,42 @@ def flat_row(row: TrainRow) -> dict[str, Any]:
         "latency_s": rec.latency_s,
         "retries": rec.retries,
         "created_at": None if created is None else round(created * 1000),
+    }
+
+
+def trajectory_row(row: TrainRow, run_sampling: dict[str, Any]) -> dict[str, Any]:
+    """One line of speculators' trajectory JSONL (`scripts/agentic_regeneration/
+    convert_traces.py`): `{id, conversations, tools, input_ids, loss_mask, metadata}`. A
+    single-turn answer is a trajectory of one turn."""
+    rec, branch = row.record, row.branch
+    conversation = branch.conversation if branch else rec.id
+    turns = branch.turns if branch else [rec.turn if isinstance(rec.turn, int) else 0]
+    mix = rec.sampling if isinstance(rec.sampling, dict) else {}
+    end = rec.end if isinstance(rec.end, str) else None
+    return {
+        "id": rec.id if branch else f"{rec.id}:branch-0",
+        "conversations": [*rec.messages, answer_message(rec)],
+        "tools": rec.tools or [],
+        "input_ids": row.input_ids,
+        "loss_mask": row.loss_mask,
+        "metadata": {
+            "source": "draftgen",
+            "trace_id": conversation,
+            "branch_index": branch.index if branch else 0,
+            "model": rec.model,
+            "on_policy": True,
+            "num_turns": len(turns),
+            "stop_condition": end,
+            "token_count": len(row.input_ids),
+            "sampled_token_count": sum(row.loss_mask),
+            "dataset": row.dataset,
+            "conversation": conversation,
+            "turns": turns,
+            "layout": branch.layout if branch else "sequence",
+            "end": end,
+            "cut_by_turn_dropout": bool(branch and branch.cut),
+            "sampling": {**sampling({**run_sampling, **mix}),
+                         "reasoning_effort": mix.get("reasoning_effort")},
+            "token_check": rec.token_check,
+        },
     }

@@ -94,14 +94,14 @@ class Selector:
             problems = audit_problems(record, self.stop_id)
             if problems:
                 return f"check:{problems[0]}"
-        return self._length_exclusion(record)
+        return self.length_exclusion(record)
 
     def _broken(self, dataset: str, rid: Any, problem: str) -> str:
         if self.opts.skip_broken:
             return "broken_row"
         raise BrokenRow(f"record {rid!r} (dataset {dataset}): {problem}")
 
-    def _length_exclusion(self, record: Record) -> str | None:
+    def length_exclusion(self, record: Record) -> str | None:
         max_len = self.opts.max_len
         if max_len is None:
             return None

@@ -9,6 +9,10 @@ Layout of `--out OUT` (SPLIT is "train", plus "validation" with --val-fraction):
   both at once). `--jsonl` adds OUT/jsonl/SPLIT.jsonl (`prepare_data --data` pass-through).
 * specforge: OUT/pretokenized.jsonl, OUT/conversations.jsonl and (with the run's tokenizer)
   OUT/text.jsonl and OUT/round_trip.jsonl, or OUT/SPLIT/… with a split.
+* trajectories: OUT/trajectories.jsonl, or OUT/SPLIT/trajectories.jsonl with a split:
+  speculators' trajectory JSONL, one line per sequence (branch) of a trajectory
+  (`rows.trajectory_row`), read by `prepare_data --data` (pass-through of input_ids and
+  loss_mask).
 * parquet: OUT/data.parquet, or OUT/train.parquet and OUT/validation.parquet with a split: a
   flat table for analysis (pandas, pyarrow, `datasets.load_dataset("parquet")`); neither
   trainer reads it (SpecForge reads JSON/JSONL, speculators a save_to_disk folder).
@@ -33,6 +37,7 @@ from draftgen.export.rows import (
     flat_row,
     pretokenized_row,
     speculators_row,
+    trajectory_row,
 )
 from draftgen.export.specforge import round_trip, template_for
 from draftgen.export.torchfile import save_int_dict
@@ -258,6 +263,20 @@ class SpecForgeSink(Sink):
     def close(self) -> list[Path]:
         groups = (self.pretok, self.convs, self.text, self.checks)
         return [f.close() for files in groups for f in files.values()]
+
+
+class TrajectorySink(Sink):
+    def __init__(self, out: Path, splits: list[str], run_sampling: dict[str, Any]) -> None:
+        super().__init__(out, splits)
+        self.run_sampling = run_sampling
+        self.files = {s: JsonlFile((out / s if self.has_split else out) / "trajectories.jsonl")
+                      for s in splits}
+
+    def write(self, split: str, rows: list[TrainRow]) -> None:
+        self.files[split].write([trajectory_row(r, self.run_sampling) for r in rows])
+
+    def close(self) -> list[Path]:
+        return [f.close() for f in self.files.values()]
 
 
 class ParquetSink(Sink):

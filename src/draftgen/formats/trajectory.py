@@ -247,3 +247,58 @@ def _masked(turns: Sequence[TurnTokens], run: range) -> MaskedSequence:
         start = len(turns[k].prompt_ids)
         mask[start:start + len(turns[k].output_ids)] = [1] * len(turns[k].output_ids)
     return MaskedSequence(input_ids, mask, list(run))
+
+
+# ---- reading a trajectory back (audit, export) ------------------------------------------------
+
+def trajectory_datasets(config: Any) -> set[str]:
+    """The datasets a run's stored config (run.json's `config`) gives `turns: all`."""
+    datasets = config.get("datasets") if isinstance(config, dict) else None
+    return {d["name"] for d in datasets or [] if isinstance(d, dict)
+            and d.get("turns") == "all" and isinstance(d.get("name"), str)}
+
+
+TURN_MISSING = "turn_missing"
+TURN_REPEATED = "turn_repeated"
+END_NOT_LAST = "end_not_last"
+
+
+def turn_order_problems(turns: Sequence[tuple[int, str | None]]) -> list[list[str]]:
+    """A conversation's written turns, in file order, as (turn index, end): per turn, what is
+    wrong with its place. The turns must be 0..k without gaps (`turn_missing` on the first one
+    after a gap), each once (`turn_repeated` on a later copy), with at most one `end`, on the
+    last turn (`end_not_last` on an end before the last turn, or a second one on it)."""
+    problems: list[list[str]] = [[] for _ in turns]
+    seen: set[int] = set()
+    for i, (k, _) in enumerate(turns):
+        if k in seen:
+            problems[i].append(TURN_REPEATED)
+        seen.add(k)
+    for i, (k, _) in enumerate(turns):
+        if k > 0 and k - 1 not in seen and TURN_REPEATED not in problems[i]:
+            problems[i].append(TURN_MISSING)
+    last = max((k for k, _ in turns), default=-1)
+    last_ended = False
+    for i, (k, end) in enumerate(turns):
+        if end is None:
+            continue
+        if k != last or last_ended:
+            problems[i].append(END_NOT_LAST)
+        last_ended = last_ended or k == last
+    return problems
+
+
+def mask_covers_sampled(turns: Sequence[TurnTokens], sequence: MaskedSequence) -> bool:
+    """Whether `sequence`'s mask is 1 on exactly its turns' sampled tokens, each answer where
+    its prompt ends, and 0 everywhere else."""
+    if len(sequence.loss_mask) != len(sequence.input_ids):
+        return False
+    expected = [0] * len(sequence.input_ids)
+    for k in sequence.turns:
+        start, output = len(turns[k].prompt_ids), list(turns[k].output_ids)
+        if sequence.input_ids[start:start + len(output)] != output:
+            return False
+        if any(expected[start:start + len(output)]):
+            return False  # two answers on the same tokens
+        expected[start:start + len(output)] = [1] * len(output)
+    return sequence.loss_mask == expected

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftgen.export.source import ReadCounts, RunSource, load_run_tokenizer
+from draftgen.formats.trajectory import trajectory_datasets
+from draftgen.status.trajectories import TrajectoryStatus, Turn, trajectory_status
 from draftgen.store.record import Damaged, Record
 from draftgen.tally import Tally
 
@@ -62,6 +64,8 @@ class DatasetStats(Tally, ReadCounts):
     reasoning_len: Reservoir = field(default_factory=lambda: Reservoir(seed=1))
     content_len: Reservoir = field(default_factory=lambda: Reservoir(seed=2))
     latency: Reservoir = field(default_factory=lambda: Reservoir(seed=3))
+    trajectories: TrajectoryStatus | None = None
+    """`turns: all` datasets: turns per conversation and end reasons."""
 
 
 @dataclass
@@ -147,22 +151,32 @@ def collect(source: RunSource) -> RunStats:
         "split at the end-of-reasoning token of the run's format" if tok.end_think_id is not None
         else f"usage.reasoning_tokens as reported ({tok.note})"
     )
+    trajectories = trajectory_datasets(source.config)
     for name in source.datasets:
         ds = stats.datasets.setdefault(name, DatasetStats())
-        _collect_answers(source, name, ds, stats, splitter)
+        _collect_answers(source, name, ds, stats, splitter, name in trajectories)
         _collect_failures(source, name, ds, stats)
     return stats
 
 
 def _collect_answers(source: RunSource, name: str, ds: DatasetStats, stats: RunStats,
-                     splitter: LengthSplitter) -> None:
+                     splitter: LengthSplitter, trajectories: bool = False) -> None:
+    """The dataset's answers; for a `turns: all` one, its turns per conversation and end
+    reasons too (one small tuple per turn held until the dataset is read)."""
     counts = ReadCounts()
     damaged = 0
+    turns: list[Turn] = []
     for record in source.answers(name, counts, report=True):
         if isinstance(record, Damaged):
             damaged += 1
             continue
         add_answer(record, ds, stats, splitter)
+        if trajectories and isinstance(record.conversation, str) and isinstance(record.turn,
+                                                                                 int):
+            end = record.end if isinstance(record.end, str) else None
+            turns.append((record.conversation, record.turn, end))
+    if trajectories:
+        ds.trajectories = trajectory_status(turns)
     ds.torn_tail_bytes, ds.bad_lines = counts.torn_tail_bytes, counts.bad_lines + damaged
     ds.duplicates = counts.duplicates
 

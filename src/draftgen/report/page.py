@@ -111,6 +111,23 @@ def _datasets_table(stats: RunStats) -> str:
                    "truncated", "exact IDs", "file issues"), rows, "totals")
 
 
+def _trajectories_table(stats: RunStats) -> str:
+    """`turns: all` datasets: conversations, turns per conversation, where they ended."""
+    rows = []
+    for name, d in stats.datasets.items():
+        t = d.trajectories
+        if t is None:
+            continue
+        mean = f"{t.turns / t.conversations:.2f}" if t.conversations else "-"
+        ends = ", ".join(f"{k} {n:,}" for k, n in t.ends.most_common()) or "-"
+        rows.append((name, f"{t.conversations:,}", f"{t.done:,}", f"{t.turns:,}", mean,
+                     f"{t.max_turns:,}", ends))
+    if not rows:
+        return ""
+    return _table(("dataset (turns: all)", "conversations", "ended", "turns", "turns / conv.",
+                   "max turns", "end reasons"), rows, "trajectories")
+
+
 def _file_issues(d: DatasetStats) -> str:
     issues = [f"{d.torn_tail_bytes} B torn, {d.bad_lines} bad"] if (
         d.torn_tail_bytes or d.bad_lines) else []
@@ -203,6 +220,7 @@ def render(stats: RunStats, figures: dict[str, bytes]) -> str:
         '<section id="summary"><h2>Summary</h2>',
         _cards(stats),
         _datasets_table(stats),
+        _trajectories_table(stats),
         _sessions_table(stats),
         "</section>",
     ]

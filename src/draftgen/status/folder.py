@@ -9,10 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from draftgen.formats.trajectory import trajectory_datasets
 from draftgen.status.clock import Activity, RateClock
 from draftgen.status.model import DatasetStatus, RunStatus, latest
 from draftgen.status.notes import run_notes
 from draftgen.status.sums import Columns, contains, read_answers, read_failures
+from draftgen.status.trajectories import count_in_flight, read_turns, trajectory_status
 from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash
 from draftgen.store.journal import JournalTail
@@ -71,6 +73,7 @@ def read_folder_answers(folder: RunFolder) -> FolderAnswers:
                       sizes={name: _Sizes(folder.responses(name), folder.failures(name))
                              for name in names},
                       journal_size=folder.journal_size())
+    trajectories = trajectory_datasets(folder.run_json.get("config"))
     for name in names:
         d = DatasetStatus(name)
         info = _run_dataset_info(folder.run_json, name)
@@ -83,6 +86,9 @@ def read_folder_answers(folder: RunFolder) -> FolderAnswers:
         if torn:
             d.torn_tail_bytes["responses.jsonl"] = torn
         f.done_ids[name], f.cols[name] = read_answers(d, cols)
+        if name in trajectories:
+            d.trajectories = trajectory_status(read_turns(responses.path, cols.rows["end"]),
+                                               d.total)
         f.datasets[name] = d
     return f
 
@@ -108,6 +114,9 @@ def folder_status(f: FolderAnswers, answered: dict[str, np.ndarray], now: float)
     last_activity = latest(last_activity, journal.last_t)
     rescued, rescue_error = _read_rescued(folder)
     _in_flight(journal, f.datasets, answered, failed_at, rescued.records)
+    for name, d in f.datasets.items():
+        if d.trajectories is not None:
+            count_in_flight(d.trajectories, [r.id for r in journal.open if r.dataset == name])
     first_activity = min((d.first_t for d in f.datasets.values() if d.first_t is not None),
                          default=None)
     sessions = folder.sessions

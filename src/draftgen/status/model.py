@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.errors import DraftgenError
+from draftgen.status.trajectories import TrajectoryStatus
 from draftgen.store.journal import JournalTail
 from draftgen.store.shards import RunPart
 from draftgen.tally import Tally
@@ -66,6 +67,8 @@ class DatasetStatus:
     last_t: float | None = None
     recent: Rates | None = None
     overall: Rates | None = None
+    trajectories: TrajectoryStatus | None = None
+    """`turns: all` datasets: their conversations (`status.trajectories`)."""
 
     @property
     def failed(self) -> int:
@@ -92,6 +95,10 @@ class DatasetStatus:
             self.torn_tail_bytes[f"{other.name}/{key}"] = n
         self.first_t = earliest(self.first_t, other.first_t)
         self.last_t = latest(self.last_t, other.last_t)
+        if other.trajectories is not None:
+            if self.trajectories is None:
+                self.trajectories = TrajectoryStatus(total=None)
+            self.trajectories.merge(other.trajectories)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -121,6 +128,7 @@ class DatasetStatus:
             "last_answer_at": self.last_t,
             "rates": {"recent": self.recent.as_json() if self.recent else None,
                       "run": self.overall.as_json() if self.overall else None},
+            **({"trajectories": self.trajectories.as_json()} if self.trajectories else {}),
         }
 
 

@@ -12,6 +12,7 @@ import orjson
 
 from draftgen.status.collect import collect_status
 from draftgen.status.model import WINDOW_S, Rates, RunStatus, ShardStatus, StatusError
+from draftgen.status.trajectories import TrajectoryStatus
 from draftgen.tally import Tally
 
 
@@ -89,6 +90,9 @@ def render_status(st: RunStatus, console: Any) -> None:
     console.print(f"rates, last {_duration(WINDOW_S)}: {_rate_text(st.total.recent)}",
                   highlight=False)
     console.print(f"rates, whole run: {_rate_text(st.total.overall)}", highlight=False)
+    trajectories = {n: d.trajectories for n, d in st.datasets.items() if d.trajectories}
+    if trajectories:
+        console.print(_trajectories_table(trajectories))
     if st.shards:
         console.print(_shards_table(st.shards))
     for note in st.notes:
@@ -107,6 +111,21 @@ def _group_table(title: str, groups: dict[str, Tally]) -> Any:
         table.add_row(for_console(key), f"{s.answers:,}", f"{s.output_tokens:,}",
                       f"{s.cost:.4f}")
     return table
+
+
+def _trajectories_table(trajectories: dict[str, TrajectoryStatus]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="conversations (turns: all)", title_justify="left", header_style="bold")
+    for col in ("dataset", "done", "pending", "in flight", "turns", "turns/conv", "max",
+                "ended"):
+        t.add_column(col, justify="left" if col in ("dataset", "ended") else "right")
+    for name, tr in trajectories.items():
+        mean = f"{tr.turns / tr.conversations:.2f}" if tr.conversations else "-"
+        ends = ", ".join(f"{k} {n:,}" for k, n in tr.ends.most_common()) or "-"
+        t.add_row(name, _n(tr.done), _n(tr.pending), _n(tr.in_flight), _n(tr.turns), mean,
+                  _n(tr.max_turns), ends)
+    return t
 
 
 def _shards_table(shards: list[ShardStatus]) -> Any:
