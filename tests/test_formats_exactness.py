@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from draftgen.backends import openai_chat
+from draftgen.backends import chat_logprobs
 from draftgen.backends.openai_chat import answer_from_body, answer_from_json
 from draftgen.formats import Format, get_format
 from draftgen.tokenize import Tokenizer
@@ -210,7 +210,7 @@ def test_rebuilding_reads_no_logprob_value(hybrid: Format, qwen3_tok: Tokenizer,
     def unread(body: bytes, count: int) -> list[Any]:
         raise AssertionError("logprob values read")
 
-    monkeypatch.setattr(openai_chat, "_logprob_values", unread)
+    monkeypatch.setattr(chat_logprobs, "_logprob_values", unread)
     reasoning, content = MULTIBYTE[0]
     ids = qwen3_tok.encode(hybrid.answer_text(reasoning, content, None, finished=True).text)
     for with_ids in (True, False):
