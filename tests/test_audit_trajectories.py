@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from draftgen.audit import trajectory as audit_trajectory
+from draftgen.audit.quarantine import quarantine
 from draftgen.audit.run import audit_run
 from draftgen.formats.trajectory import (
     MaskedSequence,
@@ -19,9 +20,10 @@ from draftgen.formats.trajectory import (
     trajectory_layout,
     turn_order_problems,
 )
+from draftgen.run.trajectories import written_turns
 from draftgen.store.record import Record
 from draftgen.tokenize import Tokenizer
-from tests.trajectory_runs import write_trajectory_run
+from tests.trajectory_runs import read_lines, write_trajectory_run
 
 
 def _audit(root: Path) -> dict:
@@ -138,3 +140,27 @@ def test_a_file_is_read_in_blocks_whatever_their_size(tmp_path: Path, qwen3_tok:
     assert len(whole) == 9 and whole[-1][1] == path.stat().st_size
     for block in (7, 1000, 4096):  # smaller than a line, and several lines a block
         assert list(audit_trajectory._file_lines(f, block)) == whole
+
+
+def _claims_exact_from_text(conversation: str, turn: int):
+    def edit(by: dict[str, list[Record]]) -> None:
+        by[conversation][turn].token_source = "reconstructed"  # "exact" it cannot be
+    return edit
+
+
+def test_quarantine_takes_the_later_turns_of_a_failing_turns_conversation(
+        tmp_path: Path, qwen3_tok: Tokenizer) -> None:
+    root = write_trajectory_run(tmp_path / "run", qwen3_tok,
+                                edit=_claims_exact_from_text("agent/chat", 1))
+    report = audit_run(root, workers=1)
+    assert report.failing == 1
+    result = quarantine(report)
+    assert result.moved == {"agent": 2}
+    kept = {r["id"] for r in read_lines(root / "agent" / "responses.jsonl")}
+    moved = {r["id"]: r["quarantine"]["problems"]
+             for r in read_lines(root / "agent" / "quarantine.jsonl")}
+    assert "agent/chat#0" in kept and not {"agent/chat#1", "agent/chat#2"} & kept
+    assert moved == {"agent/chat#1": ["exact_not_native"],
+                     "agent/chat#2": ["after_quarantined_turn"]}
+    assert written_turns([root], "agent")["agent/chat"][-1].turn == 0  # resumed from turn 1
+    assert audit_run(root, workers=1).ok  # nothing after a gap is left behind
