@@ -6,6 +6,7 @@ sampling mix recorded."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -19,11 +20,15 @@ from typing import Any
 import orjson
 import pytest
 
-from draftgen.config import RunConfig
+from draftgen.audit import audit_run
+from draftgen.config import RunConfig, load_config
 from draftgen.datasets.conversations import iter_conversations
 from draftgen.formats import get_format
+from draftgen.run import Runner, prepare
 from draftgen.run.trajectories import Formats, start_conversation
+from draftgen.status import collect_status
 from draftgen.store.journal import read_journal
+from draftgen.store.shards import ShardSpec, run_folders
 from draftgen.testing.assets import family_tokenizer
 from draftgen.testing.fake_engine import TOOL_ARGUMENTS, TOOL_NAME, TestServer
 from tests.e2e_helpers import (
@@ -327,3 +332,27 @@ def test_a_drawn_reasoning_effort_renders_the_prompt_and_rides_in_chat_bodies(
         native = c.request_sampling(takes_prompt_ids=True)
         assert chat is not None and chat.extra == {"reasoning_effort": effort}
         assert native is not None and native.extra == {} and native.temperature == 1.0
+
+
+def test_sharded_conversations_each_walked_in_one_shard_and_read_as_one_run(
+        tmp_path: Path, qwen3_dir: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(10))
+    with TestServer(latency_s=0.01, reasoning_tokens=(3, 8), content_tokens=(3, 8)) as server:
+        cfg = engine_config(tmp_path, qwen3_dir, server, concurrency=4,
+            datasets=[{"name": "chat", "path": str(data), "turns": "all"}])
+        for i in range(2):
+            outcome = asyncio.run(Runner(prepare(load_config(cfg), ShardSpec(i, 2)),
+                                         live_display=False).execute())
+            assert outcome.status == "completed", outcome.message
+    root = run_dir(tmp_path)
+    shards = [read_records(folder, "chat") for folder in run_folders(root)]
+    assert all(shards) and sum(map(len, shards)) == 30 == answered(server)
+    homes = [{r["conversation"] for r in records} for records in shards]
+    assert not set.intersection(*homes)  # every conversation's turns in one shard's folder
+    for records in shards:
+        assert all([r["turn"] for r in turns] == [0, 1, 2]
+                   for turns in by_conversation(records).values())
+    status = collect_status(root).as_json()["datasets"]["chat"]["trajectories"]
+    assert (status["conversations"], status["done"], status["pending"]) == (10, 10, 0)
+    audit = audit_run(root, workers=1)
+    assert audit.ok and audit.trajectories["chat"].conversations == 10
