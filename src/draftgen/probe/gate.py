@@ -15,16 +15,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from draftgen.backends import Backend
+from draftgen.config import RunConfig
+from draftgen.formats import Format
 from draftgen.printable import printable
 from draftgen.probe.core import ProbeOptions, probe_all
 from draftgen.probe.model import BackendProbe, Problem
 from draftgen.store.runinfo import read_probe, record_probe
-
-if TYPE_CHECKING:
-    from draftgen.run.plan import Plan
 
 log = logging.getLogger("draftgen.probe")
 
@@ -55,12 +54,6 @@ def stored_results(*run_jsons: Path) -> dict[str, BackendProbe]:
             if result is not None:
                 out[name] = result
     return out
-
-
-def dataset_needs(plan: Plan) -> dict[str, set[str]]:
-    """What each dataset's prompts need from a backend beyond plain answers."""
-    return {ds.name: {"tools"} if ds.prompts.has_tools else set()
-            for ds in plan.datasets}
 
 
 def _why(problem: Problem, needs: Mapping[str, set[str]]) -> str:
@@ -125,16 +118,19 @@ def _gate_record(dropped: Mapping[str, str], refused: str | None, cost: float,
             "verdicts": {r.backend: r.verdict for r in results}}
 
 
-async def gate_backends(plan: Plan, backends: list[Backend], opts: ProbeOptions,
-                        run_json: Path, shared_from: Sequence[Path] = ()) -> Gate:
-    """Probe the started `backends` (or reuse results stored in `run_json`, else in the
-    run.json files of `shared_from`, the run's other folders: shards probe once per run, not
-    once per shard), record the results in run.json, and remove from `backends` (closing
-    them) those that may not serve this run."""
+async def gate_backends(fmt: Format, cfg: RunConfig, needs: Mapping[str, set[str]],
+                        backends: list[Backend], opts: ProbeOptions, run_json: Path,
+                        shared_from: Sequence[Path] = ()) -> Gate:
+    """Probe the started `backends` for a run of `cfg` in `fmt` (or reuse results stored in
+    `run_json`, else in the run.json files of `shared_from`, the run's other folders: shards
+    probe once per run, not once per shard), record the results in run.json, and remove from
+    `backends` (closing them) those that may not serve this run. `needs`: what each dataset's
+    prompts need beyond plain answers (dataset name -> {"tools"} or nothing), which says whom
+    a problem of prompts with tools concerns."""
     own = stored_results(run_json)
     stored = {**stored_results(*reversed(shared_from)), **own}
-    results = await probe_all(plan.fmt, plan.cfg, backends, opts, stored)
-    dropped, unfit = decide(results, dataset_needs(plan))
+    results = await probe_all(fmt, cfg, backends, opts, stored)
+    dropped, unfit = decide(results, needs)
     refused = refusal(dropped, results) if len(dropped) == len(backends) else None
     cost = sum(r.cost_usd for r in results if not r.cached)
     # A result taken from another folder is recorded in this one too, as its own record.

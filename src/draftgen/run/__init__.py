@@ -6,8 +6,8 @@ request's life), `record` (the answer as written), `state` (phase and outcome), 
 `pending` holds what the queues hold, `render` the prompts rendered within the context length,
 `trajectories` the conversations of `turns: all` datasets.
 
-The names below are imported on first use, so that `draftgen.run.plan` (which the probe's
-gate needs) does not import the dispatcher and the backends."""
+The names below are imported on first use, so that `draftgen.run.plan` (which `run --dry-run`
+needs) does not import the dispatcher and the backends."""
 
 from typing import TYPE_CHECKING
 

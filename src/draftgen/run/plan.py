@@ -45,6 +45,10 @@ class Plan:
     def prompts_of(self, dataset: str) -> PromptTable:
         return next(ds.prompts for ds in self.datasets if ds.name == dataset)
 
+    def dataset_needs(self) -> dict[str, set[str]]:
+        """What each dataset's prompts need from a backend beyond plain answers."""
+        return {ds.name: {"tools"} if ds.prompts.has_tools else set() for ds in self.datasets}
+
 
 def prepare(cfg: RunConfig, shard: ShardSpec | None = None) -> Plan:
     """Load the tokenizer, check it against the format, read every dataset (through the

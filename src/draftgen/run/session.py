@@ -122,7 +122,9 @@ class Runner:
         False, with the run failed and nothing sent, when none is left."""
         if self.probe is None:
             return True
-        gate = await gate_backends(self.plan, backends, self.probe, self.store.layout.run_json,
+        plan = self.plan
+        gate = await gate_backends(plan.fmt, plan.cfg, plan.dataset_needs(), backends,
+                                   self.probe, self.store.layout.run_json,
                                    [s.folder / "run.json" for s in self.elsewhere])
         self.ledger.add_spent(gate.cost_usd)
         self._unfit = gate.unfit
