@@ -10,15 +10,12 @@ folder, under that folder's lock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from draftgen.audit.engine import problems_of
 from draftgen.audit.report import AuditReport, DatasetAudit
-from draftgen.store.layout import RunLayout
 from draftgen.store.quarantine import (
     MovedLine,
     QuarantineError,
@@ -27,7 +24,6 @@ from draftgen.store.quarantine import (
     move_lines,
     refuse_live,
 )
-from draftgen.store.record import Record, read_record
 
 __all__ = ["QuarantineError", "QuarantineResult", "quarantine"]
 
@@ -71,29 +67,11 @@ def with_later_turns(d: DatasetAudit, moved: list[MovedLine]) -> list[MovedLine]
     """`moved`, plus every later turn of a `turns: all` conversation one of whose turns is
     moved: their prompts hold the moved answer as history, and the next run regenerates a
     conversation from its first missing turn on (it would write those turns again)."""
-    turns = list(_turns(RunLayout(d.folder).responses(d.name), d.snapshot_size))
     starts = {m.start for m in moved}
     first: dict[str, int] = {}
-    for start, _, conversation, turn in turns:
-        if start in starts:
-            first[conversation] = min(turn, first.get(conversation, turn))
-    later = [MovedLine(start, end, [AFTER_MOVED_TURN]) for start, end, conversation, turn in turns
-             if start not in starts and turn > first.get(conversation, turn)]
+    for t in d.turns:
+        if t.start in starts:
+            first[t.conversation] = min(t.turn, first.get(t.conversation, t.turn))
+    later = [MovedLine(t.start, t.stop, [AFTER_MOVED_TURN]) for t in d.turns
+             if t.start not in starts and t.turn > first.get(t.conversation, t.turn)]
     return sorted(moved + later, key=lambda m: m.start) if later else moved
-
-
-def _turns(path: Path, size: int) -> Iterator[tuple[int, int, str, int]]:
-    """(start, end, conversation, turn) of each complete record line of a conversation's turn
-    up to `size` bytes; lines of other records are skipped unparsed."""
-    start = 0
-    with open(path, "rb") as f:
-        for line in f:
-            end = start + len(line)
-            if end > size or not line.endswith(b"\n"):
-                return
-            if b'"conversation":' in line:
-                record = read_record(line)
-                if isinstance(record, Record) and isinstance(record.conversation, str) \
-                        and isinstance(record.turn, int):
-                    yield start, end, record.conversation, record.turn
-            start = end

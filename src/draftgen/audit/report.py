@@ -11,7 +11,7 @@ from typing import Any
 
 from draftgen.audit.checks import PROBLEMS
 from draftgen.audit.engine import BIT, ChunkResult
-from draftgen.audit.trajectory import Finding, TrajectoryAudit
+from draftgen.audit.trajectory import Finding, TrajectoryAudit, TurnLine
 
 EXAMPLES = 5
 
@@ -65,6 +65,8 @@ class DatasetAudit:
     """The run folder holding the file (a shard's folder in a sharded run)."""
     name: str = ""
     """The dataset (the report's key is the file's place: shards/0-of-4/<dataset> in a shard)."""
+    turns: list[TurnLine] = field(default_factory=list)
+    """A `turns: all` file's turns: where each one's line lies (`audit.trajectory`)."""
 
     def merge(self, other: DatasetAudit) -> None:
         """Count another file of the same dataset (another folder of a sharded run) in; the

@@ -325,9 +325,11 @@ def _audit_trajectories(report: AuditReport, files: list[_File]) -> None:
               for f in files if f.name in wanted]
     if not chosen:
         return
-    report.trajectories, findings = audit_trajectories(chosen)
+    report.trajectories, findings, lines = audit_trajectories(chosen)
     for finding in findings:
         report.add_finding(finding)
+    for key, turns in lines.items():
+        report.datasets[key].turns = turns
 
 
 def _tokenizer_note(report: AuditReport, run_json: dict[str, Any], auditor: Auditor,

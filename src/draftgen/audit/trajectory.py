@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from draftgen.audit.checks import TRAJECTORY_PROBLEMS as TRAJECTORY_PROBLEMS
 from draftgen.audit.engine import Chunk, chunk_lines, record_of
@@ -68,6 +68,15 @@ class Finding:
     problems: list[str]
 
 
+class TurnLine(NamedTuple):
+    """Where one turn's record lies in its responses file."""
+
+    start: int
+    stop: int
+    conversation: str
+    turn: int
+
+
 @dataclass
 class _Turn:
     key: str
@@ -96,12 +105,16 @@ class TrajectoryFile:
 
 
 def audit_trajectories(files: Iterable[TrajectoryFile]
-                       ) -> tuple[dict[str, TrajectoryAudit], list[Finding]]:
-    """Per dataset, its trajectories' summary; the findings, per line."""
+                       ) -> tuple[dict[str, TrajectoryAudit], list[Finding],
+                                  dict[str, list[TurnLine]]]:
+    """Per dataset, its trajectories' summary; the findings, per line; per file (its report
+    key), where each turn's line lies, in file order."""
     by_dataset: dict[str, dict[str, list[_Turn]]] = {}
     findings: list[Finding] = []
+    lines: dict[str, list[TurnLine]] = {}
     for f in files:
         conversations = by_dataset.setdefault(f.dataset, {})
+        turn_lines = lines.setdefault(f.key, [])
         for start, stop, line in _file_lines(f):
             record = record_of(line) if line.strip() else None
             if not isinstance(record, Record):
@@ -113,12 +126,13 @@ def audit_trajectories(files: Iterable[TrajectoryFile]
                 if not isinstance(conversation, str) or not isinstance(record.turn, int):
                     continue
             conversations.setdefault(conversation, []).append(_Turn(f.key, start, stop, record))
+            turn_lines.append(TurnLine(start, stop, conversation, record.turn))
     summaries = {}
     for dataset, conversations in by_dataset.items():
         summary = summaries[dataset] = TrajectoryAudit()
         for turns in conversations.values():
             findings.extend(_check_conversation(turns, summary))
-    return summaries, findings
+    return summaries, findings, lines
 
 
 def _file_lines(f: TrajectoryFile, block: int = BLOCK_BYTES) -> Iterator[tuple[int, int, bytes]]:
