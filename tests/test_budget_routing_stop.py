@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from draftgen.budget import Ledger
+from draftgen.budget import Ledger, PriceWatch
 from draftgen.config import ConfigError, Price, load_config
 from draftgen.run import Runner, prepare
 from draftgen.testing.fake_engine import TestServer
@@ -39,25 +39,25 @@ def _journal(run_dir: Path) -> list[dict]:
 # ---- the ledger on its own -------------------------------------------------------------
 
 
+def _per_prompt_token(usd_per_million: float) -> PriceWatch:
+    return PriceWatch(Price(prompt=usd_per_million, completion=0))
+
+
 def test_ledger_reserves_worst_case_and_settles_real_usage() -> None:
     ledger = Ledger(usd=1.0)
     ledger.add_dataset("d", max_output_tokens=None, spent_tokens=0)
-    price = Price(prompt=1_000_000, completion=1_000_000)  # $1 per token: easy sums
+    price = PriceWatch(Price(prompt=1_000_000, completion=1_000_000))  # $1 a token: easy sums
     first = ledger.admit("d", max_tokens=0, prompt_tokens=0, price=price)  # free request
     assert first.reservation is not None and first.reservation.usd == 0
-    a = ledger.admit("d", max_tokens=0, prompt_tokens=1, price=Price(prompt=600_000,
-                                                                       completion=0))
+    a = ledger.admit("d", max_tokens=0, prompt_tokens=1, price=_per_prompt_token(600_000))
     assert a.reservation is not None and ledger.reserved_usd == pytest.approx(0.6)
-    b = ledger.admit("d", max_tokens=0, prompt_tokens=1, price=Price(prompt=500_000,
-                                                                       completion=0))
+    b = ledger.admit("d", max_tokens=0, prompt_tokens=1, price=_per_prompt_token(500_000))
     assert b.reservation is None and b.exhausted and b.settling  # 0.6 + 0.5 > 1, wait
     ledger.settle(a.reservation, output_tokens=0, cost=0.3)
-    b = ledger.admit("d", max_tokens=0, prompt_tokens=1, price=Price(prompt=500_000,
-                                                                       completion=0))
+    b = ledger.admit("d", max_tokens=0, prompt_tokens=1, price=_per_prompt_token(500_000))
     assert b.reservation is not None
     ledger.settle(b.reservation, 0, 0.5)
-    c = ledger.admit("d", max_tokens=0, prompt_tokens=1, price=Price(prompt=500_000,
-                                                                       completion=0))
+    c = ledger.admit("d", max_tokens=0, prompt_tokens=1, price=_per_prompt_token(500_000))
     assert c.exhausted and not c.settling  # nothing in flight: the budget is spent
 
 
@@ -178,7 +178,7 @@ def test_openrouter_price_comes_from_its_model_listing(tmp_path: Path, qwen3_dir
         runner = Runner(prepare(load_config(cfg)), live_display=False)
         outcome = asyncio.run(runner.execute())
     assert outcome.status == "completed"
-    assert runner.prices["or"] == Price(prompt=0.5, completion=2.5)
+    assert runner.prices["or"].listed == Price(prompt=0.5, completion=2.5)
 
 
 # ---- routing -------------------------------------------------------------------------------

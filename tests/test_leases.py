@@ -20,6 +20,7 @@ from draftgen.budget import (
     PoolError,
     PoolOp,
     PoolState,
+    PriceWatch,
     ShardLease,
     tokens_key,
 )
@@ -234,12 +235,12 @@ def test_a_shard_ledger_admits_what_its_lease_holds_and_grows_it(tmp_path: Path,
         await lease.adopt([])
         ledger = lease.ledger
         assert ledger.usd == 0.0
-        first = ledger.admit("d", 10, 2, price)
+        first = ledger.admit("d", 10, 2, PriceWatch(price))
         assert first.exhausted and first.worst_usd == 2.0
         assert await lease.more_usd(first.worst_usd, first.settling)
         assert ledger.usd == pytest.approx(16.0)  # concurrency 8 × $2, under the fair share
         for _ in range(8):
-            assert ledger.admit("d", 10, 2, price).reservation is not None
+            assert ledger.admit("d", 10, 2, PriceWatch(price)).reservation is not None
         await lease.release()
 
     asyncio.run(scenario())

@@ -1,20 +1,10 @@
-"""A run's budgets: the reservation ledger (`ledger`), the pool the shards of a run share
-(`pool`, its file in `store.pool_file`), a shard's lease on it (`lease`), and `Budget`, what the
-dispatcher asks of them the same way sharded or not (`run_budget`)."""
+"""A run's budgets: what a request counts for (`pricing`), the reservation ledger (`ledger`),
+the pool the shards of a run share (`pool`, its file in `store.pool_file`), a shard's lease on
+it (`lease`), and `Budget`, what the dispatcher asks of them the same way sharded or not
+(`run_budget`)."""
 
 from draftgen.budget.lease import ShardLease
-from draftgen.budget.ledger import (
-    PRICED,
-    REPORT_REFUSED,
-    REPORTED,
-    REPORTED_COST_RATIO,
-    Admission,
-    DatasetBudget,
-    Ledger,
-    Reservation,
-    answer_cost,
-    believable,
-)
+from draftgen.budget.ledger import Admission, DatasetBudget, Ledger, Reservation
 from draftgen.budget.pool import (
     POLL_S,
     STALE_S,
@@ -29,13 +19,22 @@ from draftgen.budget.pool import (
     spend_of,
     tokens_key,
 )
+from draftgen.budget.pricing import (
+    PRICED,
+    REPORT_REFUSED,
+    REPORTED,
+    PriceWatch,
+    counted_cost,
+    is_cost,
+    lookup_cost,
+    too_small,
+)
 from draftgen.budget.run_budget import Budget, SharedBudget, budget_for
 
 __all__ = [
     "POLL_S",
     "PRICED",
     "REPORTED",
-    "REPORTED_COST_RATIO",
     "REPORT_REFUSED",
     "STALE_S",
     "USD",
@@ -48,14 +47,17 @@ __all__ = [
     "PoolError",
     "PoolOp",
     "PoolState",
+    "PriceWatch",
     "Reservation",
     "ShardLease",
     "SharedBudget",
-    "answer_cost",
-    "believable",
     "budget_for",
+    "counted_cost",
     "describe_pool",
+    "is_cost",
+    "lookup_cost",
     "run_totals",
     "spend_of",
     "tokens_key",
+    "too_small",
 ]

@@ -7,9 +7,12 @@ request is admitted only when its worst case fits in what is neither spent nor r
 
 - the token budget of a dataset is never exceeded (a request's `max_tokens` is cut to what is
   left of it);
-- the dollar budget is never exceeded while backends bill no more than their price says; when
-  a backend bills more (a reported `usage.cost` above the priced worst case), the overshoot is
-  at most the sum of those excesses over the requests in flight — see docs/budgets.md.
+- the dollar budget is never exceeded while backends bill no more than their reservations
+  say. A backend's reservations use its price raised by what its answers have cost so far
+  (`pricing.PriceWatch`), and until a backend that reports costs has answered once, it has one
+  request in flight at most (`admit`'s `learning`): the server's bill passes the budget by at
+  most what the requests in flight cost beyond their reservations when a backend's charges
+  rise — see docs/budgets.md.
 
 The spend rate (`usd_per_minute`) is a token bucket of dollars: capacity one minute's worth,
 refilled continuously; a request takes its worst case from it and gets the difference back when
@@ -22,44 +25,19 @@ budgets themselves (`usd` and the token limits follow the lease; `budget.lease`)
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
-from draftgen.config import Price
-
-REPORTED_COST_RATIO = 10.0
-"""A reported cost is believed only within this factor of the priced cost, either way."""
-PRICED, REPORTED, REPORT_REFUSED = "priced", "reported", "priced_report_refused"
-"""Where an answer's `cost_usd` comes from (its record's `cost_source`)."""
+from draftgen.budget.pricing import PriceWatch
 
 
-def believable(usd: float, low: float, high: float) -> bool:
-    """A finite number of dollars within [low, high] (NaN, inf and negatives never are)."""
-    return math.isfinite(usd) and 0 <= low <= usd <= high
-
-
-def answer_cost(reported: float | None, priced: float | None) -> tuple[float, str]:
-    """What an answer (or a billed failure) counts for, and where that figure comes from: the
-    endpoint's reported cost when it is believable against the priced one (within
-    REPORTED_COST_RATIO either way; any finite cost >= 0 when no price is known), else the
-    priced cost. OpenRouter reports 0 for bring-your-own-key requests, a server may report a
-    negative, NaN or absurd cost: none of those is taken, and a negative one is no credit."""
-    if reported is None:
-        return priced or 0.0, PRICED
-    low, high = (priced / REPORTED_COST_RATIO, priced * REPORTED_COST_RATIO
-                 ) if priced is not None else (0.0, math.inf)
-    if believable(reported, low, high):
-        return reported, REPORTED
-    return priced or 0.0, REPORT_REFUSED
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Reservation:
     dataset: str
     tokens: int
     usd: float
     priced: bool
+    backend: str = ""
 
 
 @dataclass
@@ -86,6 +64,8 @@ class Admission:
     settling: bool = False
     worst_usd: float = 0.0
     """The priced worst case of the request (also when it was not admitted)."""
+    learning: bool = False
+    """Held back until the backend's first answer tells what it charges."""
 
 
 @dataclass
@@ -100,6 +80,8 @@ class Ledger:
     _bucket: float = 0.0
     _bucket_at: float = field(default_factory=time.monotonic)
     throttled: bool = False
+    _in_flight: dict[str, set[Reservation]] = field(default_factory=dict)
+    """Each backend's priced reservations in flight (`reprice`)."""
 
     def __post_init__(self) -> None:
         self._bucket = self.usd_per_minute or 0.0
@@ -138,25 +120,56 @@ class Ledger:
         """Dollars spent or reserved."""
         return self.spent_usd + self.reserved_usd
 
-    def admit(self, dataset: str, max_tokens: int, prompt_tokens: int, price: Price | None
+    def admit(self, dataset: str, max_tokens: int, prompt_tokens: int,
+              price: PriceWatch | None, backend: str = "", learning: bool = False
               ) -> Admission:
-        worst = price.cost(prompt_tokens, max_tokens) if price else 0.0
+        """Reserve a request's worst case, priced at what `backend` charges (`price`), or say
+        why not. `learning`: the backend reports costs and none has arrived yet: with a dollar
+        budget, one request of it in flight at a time until one has."""
+        worst = price.worst(prompt_tokens, max_tokens) if price else 0.0
         if worst > 0:
             if self.usd is not None and self.spent_usd + self.reserved_usd + worst > self.usd:
                 return Admission(exhausted=True, settling=self.priced_in_flight > 0,
                                  worst_usd=worst)
+            if learning and self._in_flight.get(backend) and self.budgeted:
+                return Admission(settling=True, worst_usd=worst, learning=True)
             wait = self._take_from_bucket(worst)
             if wait > 0:
                 self.throttled = True
                 return Admission(wait_s=wait)
         self.throttled = False
-        reservation = Reservation(dataset, max_tokens, worst, price is not None)
+        reservation = Reservation(dataset, max_tokens, worst, price is not None, backend)
         budget = self.datasets[dataset]
         budget.reserved_tokens += max_tokens
         budget.in_flight += 1
         self.reserved_usd += worst
         self.priced_in_flight += worst > 0
+        if worst > 0:
+            self._in_flight.setdefault(backend, set()).add(reservation)
         return Admission(reservation=reservation, worst_usd=worst)
+
+    @property
+    def budgeted(self) -> bool:
+        return self.usd is not None or bool(self.usd_per_minute)
+
+    def reserve(self, usd: float) -> bool:
+        """Hold `usd` outside any request (the probe's worst case), if the budget can: False,
+        nothing held, when it cannot. `release` gives it back."""
+        if self.usd is not None and self.committed_usd() + usd > self.usd:
+            return False
+        self.reserved_usd += usd
+        return True
+
+    def release(self, usd: float) -> None:
+        self.reserved_usd = max(0.0, self.reserved_usd - usd)
+
+    def reprice(self, backend: str, factor: float) -> None:
+        """The backend charges `factor` times what its reservations assumed: those in flight
+        are raised to match, so no new request is admitted on the old figure."""
+        for reservation in self._in_flight.get(backend, ()):
+            extra = reservation.usd * (factor - 1)
+            reservation.usd += extra
+            self.reserved_usd += extra
 
     def set_rate(self, usd_per_minute: float | None) -> None:
         """A new spend rate (a shard's part of the run's), starting with a full bucket."""
@@ -185,6 +198,7 @@ class Ledger:
         budget.in_flight -= 1
         if reservation.usd > 0:
             self.priced_in_flight -= 1
+            self._in_flight.get(reservation.backend, set()).discard(reservation)
         # Sums of floats drift: with nothing in flight, nothing is reserved.
         self.reserved_usd = max(0.0, self.reserved_usd - reservation.usd
                                 ) if self.priced_in_flight else 0.0

@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from draftgen.budget.pricing import counted_cost
 from draftgen.config import Price
 from draftgen.formats import Format
 from draftgen.formats.base import (
@@ -40,7 +41,7 @@ def analyze(fmt: Format, ex: Exchange, price: Price | None,
     if ex.raw is None:
         error = ex.error or BackendError("unknown", "no answer", retryable=False)
         return AnswerReport(kind=req.kind, error=str(error),
-                            cost_usd=_cost(error.usage or Usage(), price, 0, 0))
+                            **_bill(error.usage or Usage(), price, 0, 0))
     raw = ex.raw
     rebuilt = fmt.rebuild_batch([raw], [req.prompt])[0]
     exact = rebuilt.token_check == "exact"
@@ -64,7 +65,7 @@ def analyze(fmt: Format, ex: Exchange, price: Price | None,
         flags=[*rebuilt.flags, *_defects(fmt, raw, rebuilt, req.input_ids)],
         provider=raw.provider,
         quantization=raw.quantization or quantizations.get(raw.provider or ""),
-        cost_usd=_cost(raw.usage, price, len(req.input_ids), len(rebuilt.output_ids)),
+        **_bill(raw.usage, price, len(req.input_ids), len(rebuilt.output_ids)),
     )
 
 
@@ -188,11 +189,14 @@ def _defects(fmt: Format, raw: RawAnswer, rebuilt: Rebuilt, input_ids: list[int]
     return flags
 
 
-def _cost(usage: Usage, price: Price | None, prompt_tokens: int, output_tokens: int) -> float:
-    """The reported cost, else priced like the run prices it."""
-    if usage.cost is not None:
-        return usage.cost
-    if price is None:
-        return 0.0
-    return price.cost(usage.prompt_tokens or prompt_tokens,
-                      usage.completion_tokens or output_tokens)
+def _bill(usage: Usage, price: Price | None, prompt_tokens: int, output_tokens: int
+          ) -> dict[str, Any]:
+    """What the answer cost: as reported, at the price, and counted as the run counts it
+    (`budget.counted_cost`; a report that is no cost counts the price here, and the run
+    counts the probe's requests at their worst case)."""
+    prompt_tokens = usage.prompt_tokens or prompt_tokens
+    output_tokens = usage.completion_tokens or output_tokens
+    priced = price.cost(prompt_tokens, output_tokens) if price is not None else None
+    return {"cost_usd": counted_cost(usage.cost, priced, priced or 0.0)[0],
+            "reported_usd": usage.cost,
+            "priced_usd": priced, "billed_tokens": prompt_tokens + output_tokens}

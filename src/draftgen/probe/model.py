@@ -66,6 +66,13 @@ class AnswerReport:
     provider: str | None = None
     quantization: str | None = None
     cost_usd: float = 0.0
+    """What the answer counts for (`budget.counted_cost`)."""
+    reported_usd: float | None = None
+    """`usage.cost` as the endpoint reported it (None: none; NaN: not a number)."""
+    priced_usd: float | None = None
+    """Its usage at the backend's price (None: no price known)."""
+    billed_tokens: int = 0
+    """Prompt and completion tokens, as billed."""
 
     @property
     def ok(self) -> bool:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from draftgen.backends import Backend
-from draftgen.budget import POLL_S, USD, Budget, tokens_key
+from draftgen.budget import POLL_S, USD, Admission, Budget, tokens_key
 from draftgen.datasets import DatasetError
 from draftgen.formats import FormatError
 from draftgen.progress import RunCounters
@@ -80,8 +80,7 @@ class Dispatcher:
                 self.queues[dataset].appendleft(item)
                 break
             assert item.input_ids is not None
-            admission = self.ledger.admit(dataset, max_tokens, len(item.input_ids),
-                                          self.requests.prices[backend.name])
+            admission = self._admit(dataset, max_tokens, len(item.input_ids), backend)
             self.counters.throttled = self.ledger.throttled
             if admission.reservation is None:
                 slots.release(backend)
@@ -96,6 +95,17 @@ class Dispatcher:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         await self.drain()
+
+    def _admit(self, dataset: str, max_tokens: int, prompt_tokens: int, backend: Backend
+               ) -> Admission:
+        """The budgets' word on one request to `backend`, at what the backend charges; a
+        backend that reports costs sends one request at a time until its first answer has
+        told what it charges beside its price."""
+        price = self.requests.prices[backend.name]
+        learning = (price is not None and price.answers == 0
+                    and backend.capabilities.reports_cost)
+        return self.ledger.admit(dataset, max_tokens, prompt_tokens, price, backend.name,
+                                 learning)
 
     async def drain(self) -> None:
         while self.tasks:

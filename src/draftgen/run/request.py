@@ -16,13 +16,12 @@ from draftgen.backends import Backend
 from draftgen.backends.base import ON_GENERATION_ID, REQUEST_SAMPLING
 from draftgen.budget import (
     REPORT_REFUSED,
-    REPORTED_COST_RATIO,
     Ledger,
+    PriceWatch,
     Reservation,
-    answer_cost,
-    believable,
+    counted_cost,
+    lookup_cost,
 )
-from draftgen.config import Price
 from draftgen.formats import FormatError
 from draftgen.formats.trajectory import TurnAnswer
 from draftgen.progress import DatasetCounters, RunCounters
@@ -63,7 +62,7 @@ class Requests:
     answer on disk accounts for."""
 
     def __init__(self, plan: Plan, store: Store, ledger: Ledger, state: RunState,
-                 counters: RunCounters, prices: dict[str, Price | None],
+                 counters: RunCounters, prices: dict[str, PriceWatch | None],
                  requeue: Callable[[Pending], None]) -> None:
         self.plan = plan
         self.store = store
@@ -71,7 +70,8 @@ class Requests:
         self.state = state
         self.counters = counters
         self.prices = prices
-        """Each backend's price, once the backends have started."""
+        """Each backend's price as it charges (None: unknown, unbudgeted), once the backends
+        have started."""
         self.requeue = requeue
         """Puts a prompt back at the head of its queue (for another backend)."""
         self.session = 0
@@ -83,7 +83,7 @@ class Requests:
         """Answers the run folder would not take (write failed): written to a rescue file
         when the session ends (store.rescue)."""
         self.refused_reports = 0
-        """Answers and billed failures whose reported cost was not believed (`answer_cost`)."""
+        """Answers and billed failures whose reported cost was no cost (`counted_cost`)."""
         self._rebuild = OffLoopBatcher(
             self._rebuild_batch, max_batch=128,
             in_thread=lambda: plan.tokenizer.batches_gain_from_a_thread)
@@ -132,7 +132,7 @@ class Requests:
             rebuilt = await self._rebuilt(raw, prompt)
             cost, source = self._cost(
                 backend, raw.usage.cost, raw.usage.prompt_tokens or len(input_ids),
-                raw.usage.completion_tokens or len(rebuilt.output_ids))
+                raw.usage.completion_tokens or len(rebuilt.output_ids), reservation.usd)
             record = make_record(prompt, input_ids, raw, rebuilt, backend, cost + attempts.usd,
                                  time.monotonic() - started, retries, cost_source=source,
                                  session=self.session)
@@ -189,26 +189,42 @@ class Requests:
             self.requeue(Pending.next_turn(conversation))
 
     def _cost(self, backend: Backend, reported: float | None, prompt_tokens: int,
-              completion_tokens: int) -> tuple[float, str]:
-        """The reported cost where the backend gives a believable one, else priced by the
-        backend (`budget.answer_cost`); and where the figure comes from."""
-        price = self.prices.get(backend.name)
-        priced = price.cost(prompt_tokens, completion_tokens) if price else None
-        cost, source = answer_cost(reported, priced)
+              completion_tokens: int, worst: float) -> tuple[float, str]:
+        """What the answer counts for, never less than the backend reported nor than its price
+        (`budget.counted_cost`), and where the figure comes from; what it cost beside its
+        price raises the price the backend's reservations use."""
+        watch = self.prices.get(backend.name)
+        priced = watch.cost(prompt_tokens, completion_tokens) if watch else None
+        cost, source = counted_cost(reported, priced, worst)
         if source == REPORT_REFUSED:
             if not self.refused_reports:
-                log.warning("%s reported usage.cost %r for an answer priced $%.6f: not "
-                            "believed; counted at its price (cost_source %r; status counts "
-                            "them)", backend.name, reported, cost, REPORT_REFUSED)
+                log.warning("%s reported usage.cost %r, which is no cost: counted at the "
+                            "request's worst case $%.6f (cost_source %r; status counts them)",
+                            backend.name, reported, cost, REPORT_REFUSED)
             self.refused_reports += 1
+        if watch is not None:
+            self._watch_price(backend, watch, reported, priced, prompt_tokens + completion_tokens)
         return cost, source
+
+    def _watch_price(self, backend: Backend, watch: PriceWatch, reported: float | None,
+                     priced: float | None, tokens: int) -> None:
+        free_before = watch.reported_over_free
+        factor = watch.observe(reported, priced, tokens)
+        if factor > 1:
+            self.ledger.reprice(backend.name, factor)
+            log.warning("%s charges %.3gx its price: its requests are reserved at that from "
+                        "now on", backend.name, watch.ratio)
+        if watch.reported_over_free and not free_before:
+            log.warning("%s is priced 0 (paid: false) but its answers report a cost ($%.6f): "
+                        "counted, and its requests reserved at it from now on",
+                        backend.name, reported)
 
     def _billed(self, backend: Backend, e: BackendError, worst_usd: float) -> float:
         """What a failed attempt may have cost: its usage where the error carries it; its worst
         case where the endpoint accepted it and its answer could not be read."""
         if e.usage is not None:
             return self._cost(backend, e.usage.cost, e.usage.prompt_tokens or 0,
-                              e.usage.completion_tokens or 0)[0]
+                              e.usage.completion_tokens or 0, worst_usd)[0]
         return worst_usd if e.billed_unknown else 0.0
 
     def _on_generation_id(self, prompt: Prompt, attempts: BilledAttempts, gen: str) -> None:
@@ -237,13 +253,12 @@ class Requests:
                            counters: DatasetCounters) -> None:
         """Attempts counted at their worst case (answers that could not be read): where the
         endpoint tells what it billed (OpenRouter's generation lookup, ASK_BILL_S at most),
-        that believable bill replaces the worst case."""
+        that bill replaces the worst case (`budget.lookup_cost`)."""
         for gen, counted in attempts.unknown:
             try:
-                billed = await asyncio.wait_for(backend.billed_usd(gen), ASK_BILL_S)
+                billed = lookup_cost(await asyncio.wait_for(backend.billed_usd(gen), ASK_BILL_S),
+                                     counted)
             except TimeoutError:
-                billed = None
-            if billed is None or not believable(billed, 0.0, counted * REPORTED_COST_RATIO):
                 continue
             self.ledger.correct(counted, billed)
             attempts.usd += billed - counted

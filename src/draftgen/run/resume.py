@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from draftgen.backends import capabilities_of, make_backend
-from draftgen.budget import REPORTED_COST_RATIO, Budget, believable
+from draftgen.budget import Budget, is_cost
 from draftgen.config import ConfigError, RunConfig
 from draftgen.datasets import PromptTable
 from draftgen.progress import DatasetCounters, RunCounters
@@ -43,6 +43,7 @@ from draftgen.store.runinfo import (
     data_settings,
     read_run_json,
     record_session,
+    session_probe_usd,
     session_settings,
     session_unsettled_usd,
 )
@@ -124,7 +125,8 @@ async def ask_bills(cfg: RunConfig, left_open: list[OpenRequest]) -> dict[str, f
         async with limit:
             assert req.gen is not None and req.backend is not None
             billed = await by_name[req.backend].billed_usd(req.gen)
-        if billed is not None and believable(billed, 0.0, req.usd * REPORTED_COST_RATIO):
+        if is_cost(billed):  # the provider's bill, whether above or below the worst case
+            assert billed is not None
             bills[req.gen] = billed
 
     log.info("asking OpenRouter what the %d requests in flight at the last kill cost",
@@ -231,7 +233,7 @@ class ResumeScan:
         (aborted, or in flight at a kill): counted as spent. A killed session's share is read
         from the journal (its requests sent and never ended, less those whose answer is on
         disk), each at its bill where the endpoint told it (`ask_bills`), else at its worst
-        case, and kept in run.json."""
+        case, and kept in run.json. Earlier sessions' probe requests count too."""
         path = self.store.layout.run_json
         if killed is not None:
             index, left_open = killed
@@ -246,7 +248,8 @@ class ResumeScan:
                             "budget.usd", sum(r.usd > 0 for r in open_), index, len(known),
                             sum(known), usd)
         sessions = read_run_json(path).get("sessions") or []
-        return sum(map(session_unsettled_usd, sessions[:self.session]))
+        return sum(session_unsettled_usd(s) + session_probe_usd(s)
+                   for s in sessions[:self.session])
 
     def _queue_of(self, table: PromptTable, done: DoneIds, on_disk: DatasetOnDisk,
                   counters: DatasetCounters) -> deque[Pending]:

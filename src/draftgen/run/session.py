@@ -23,10 +23,11 @@ from typing import Any
 
 from draftgen.backends import Backend, BackendNotReady, make_backend
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
-from draftgen.budget import BudgetPool, budget_for
+from draftgen.budget import BudgetPool, PriceWatch, budget_for, counted_cost, too_small
 from draftgen.config import ConfigError, Price
 from draftgen.perf import tuned_gc
-from draftgen.probe import ProbeOptions, gate_backends
+from draftgen.probe import Gate, ProbeOptions, gate_backends
+from draftgen.probe.exchange import probe_requests
 from draftgen.progress import ProgressDisplay, RunCounters
 from draftgen.run.dispatch import Dispatcher
 from draftgen.run.pending import Pending, turns_queued
@@ -44,7 +45,13 @@ from draftgen.scheduler import BackendSlots, NoBackendLeft
 from draftgen.store import RunLock, Store, StoreError
 from draftgen.store.rescue import write_rescue
 from draftgen.store.resume import StoredElsewhere
-from draftgen.store.runinfo import end_session, record_datasets, recover_run_json, start_session
+from draftgen.store.runinfo import (
+    end_session,
+    record_datasets,
+    record_session,
+    recover_run_json,
+    start_session,
+)
 from draftgen.store.shards import claim_run_folder
 from draftgen.store.space import SpaceGuard
 
@@ -74,7 +81,9 @@ class Runner:
         self.elsewhere: list[StoredElsewhere] = []
         """What the run's other folders (other shards, the unsharded root) hold, read once by
         the resume scan."""
-        self.prices: dict[str, Price | None] = {}
+        self.prices: dict[str, PriceWatch | None] = {}
+        self.probe_usd = 0.0
+        """What this session's probe requests count for (also in run.json's session)."""
         self.session = 0
         self._starting: asyncio.Future[bool] | None = None
         self._rescue_file: Path | None = None
@@ -101,36 +110,81 @@ class Runner:
 
     async def _resolve_prices(self, backends: list[Backend]) -> None:
         """Each backend's price: configured, else listed by the endpoint, else 0 for a
-        backend that does not bill. A budget with a paid backend of unknown price is an
-        error before anything is sent."""
-        budgeted = self.cfg.budget.usd is not None or self.cfg.budget.usd_per_minute is not None
+        backend that does not bill. With a dollar budget, a paid backend of unknown price,
+        or of a price no paid API charges (0, or a per-token figure given per million), is
+        an error before anything is sent."""
+        budgeted = self.ledger.budgeted
         for b in backends:
             price = b.cfg.price or await b.listed_price()
             if price is None and not b.cfg.is_paid:
                 price = Price(prompt=0, completion=0)
-            if price is None and budgeted:
-                raise ConfigError(
-                    f"backend {b.name!r}: no price known for a paid backend, so budget.usd "
-                    "cannot be enforced; set backends[].price: {prompt: ..., completion: ...} "
-                    "(USD per million tokens)"
-                )
-            self.prices[b.name] = price
+            if budgeted:
+                _check_paid_price(b, price)
+            self.prices[b.name] = PriceWatch(price) if price is not None else None
 
     async def _probe_gate(self, backends: list[Backend]) -> bool:
         """With `probe` set: probe the started backends (or reuse run.json's results) and
         remove from `backends` those unsafe for this run's datasets (draftgen.probe.gate).
-        False, with the run failed and nothing sent, when none is left."""
+        False, with the run failed and nothing sent, when none is left. The probe's requests
+        are paid from the run's budget: their worst case is reserved first (no probe when the
+        budget cannot hold it), and what they cost is counted and kept in run.json."""
         if self.probe is None:
             return True
         plan = self.plan
-        gate = await gate_backends(plan.fmt, plan.cfg, plan.dataset_needs(), backends,
-                                   self.probe, self.store.layout.run_json,
-                                   [s.folder / "run.json" for s in self.elsewhere])
-        self.ledger.add_spent(gate.cost_usd)
+        worst = self._probe_worst(backends)
+        held = sum(worst.values())
+        if not self.ledger.reserve(held):
+            log.warning("the probe's worst case ($%.6f) does not fit in what is left of "
+                        "budget.usd: no probe this session", held)
+            return True
+        try:
+            gate = await gate_backends(plan.fmt, plan.cfg, plan.dataset_needs(), backends,
+                                       self.probe, self.store.layout.run_json,
+                                       [s.folder / "run.json" for s in self.elsewhere])
+        except BaseException:  # stopped while probing: what was sent may have been billed
+            self._count_probe_spend(held, held)
+            raise
+        self._count_probe_spend(held, self._probe_spend(gate, worst))
         self._unfit = gate.unfit
         if gate.refused:
             self.state.fail(gate.refused, stop=False)
         return gate.refused is None
+
+    def _probe_worst(self, backends: list[Backend]) -> dict[str, float]:
+        """Each paid backend's probe requests at their worst case."""
+        assert self.probe is not None
+        requests, _ = probe_requests(self.plan.fmt)
+        worst = {}
+        for b in backends:
+            watch = self.prices.get(b.name)
+            if watch is not None:
+                worst[b.name] = sum(watch.worst(len(r.input_ids), self.probe.max_tokens)
+                                    for r in requests)
+        return worst
+
+    def _probe_spend(self, gate: Gate, worst: dict[str, float]) -> float:
+        """What the probe's requests count for, by the run's rule (`counted_cost`); each
+        backend's answers, stored ones too, tell what it charges beside its price."""
+        spent = 0.0
+        for result in gate.results:
+            watch = self.prices.get(result.backend)
+            each = worst.get(result.backend, 0.0) / max(1, len(result.answers))
+            for a in result.answers:
+                if not result.cached:
+                    spent += counted_cost(a.reported_usd, a.priced_usd, each)[0]
+                if watch is not None:
+                    watch.observe(a.reported_usd, a.priced_usd, a.billed_tokens)
+        return spent
+
+    def _count_probe_spend(self, held: float, usd: float) -> None:
+        """The probe's reservation replaced by what it spent, kept in run.json at once (the
+        next session counts it, even after a kill)."""
+        self.ledger.release(held)
+        self.ledger.add_spent(usd)
+        self.probe_usd += usd
+        if usd:
+            record_session(self.store.layout.run_json, self.session,
+                           probe_usd=round(self.probe_usd, 8), probe_reserved_usd=round(held, 8))
 
     # ---- the run -----------------------------------------------------------------------
 
@@ -318,7 +372,25 @@ class Runner:
                 "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
                 "cost_usd_total": round(t.cost + t.cost_before, 6),
                 "unsettled_usd": round(requests.unsettled_usd, 6),
+                **({"probe_usd": round(self.probe_usd, 8)} if self.probe_usd else {}),
                 **({"cost_reports_refused": requests.refused_reports}
                    if requests.refused_reports else {}),
                 **({"rescued": len(requests.parked), "rescue_file": str(self._rescue_file)}
                    if requests.parked else {})}
+
+
+def _check_paid_price(backend: Backend, price: Price | None) -> None:
+    """A dollar budget needs a paid backend's true price: none known, or one too small to be
+    a paid API's, would let it spend without counting."""
+    where = "configured" if backend.cfg.price else "listed by the endpoint"
+    if price is None:
+        raise ConfigError(
+            f"backend {backend.name!r}: no price known for a paid backend, so budget.usd "
+            "cannot be enforced; set backends[].price: {prompt: ..., completion: ...} "
+            "(USD per million tokens)")
+    if backend.cfg.is_paid and too_small(price):
+        raise ConfigError(
+            f"backend {backend.name!r}: price {{prompt: {price.prompt:g}, completion: "
+            f"{price.completion:g}}} USD per million tokens ({where}) is below what any paid "
+            "API charges, so the dollar budget would not count its bill; give its real price "
+            "(backends[].price, per million tokens), or `paid: false` if it is free")

@@ -21,7 +21,7 @@ from draftgen.store.journal import JournalTail
 from draftgen.store.reader import RunFolder, Snapshot
 from draftgen.store.record import Record
 from draftgen.store.rescue import Rescued
-from draftgen.store.runinfo import session_unsettled_usd
+from draftgen.store.runinfo import session_probe_usd, session_unsettled_usd
 
 
 @dataclass
@@ -131,6 +131,7 @@ def folder_status(f: FolderAnswers, answered: dict[str, np.ndarray], now: float)
         last_outcome=sessions[-1].get("outcome") if sessions else None,
         datasets=f.datasets, total=total, journal=journal,
         unsettled_usd=sum(map(session_unsettled_usd, sessions)),
+        probe_usd=sum(map(session_probe_usd, sessions)),
         cost_reports_refused=sum(map(_reports_refused, sessions)),
         rescued=len(rescued), rescue_files=[str(p) for p in rescued.files],
         rescue_error=rescue_error,

@@ -172,8 +172,10 @@ class RunStatus:
     rescue_error: str | None = None
     """Why a rescue file could not be read (then none is counted)."""
     cost_reports_refused: int = 0
-    """Answers and billed failures whose reported cost was not believed (counted at their
-    price instead), as the sessions recorded them."""
+    """Answers and billed failures whose reported cost was no cost (NaN, negative, not a
+    number: counted at their worst case), as the sessions recorded them."""
+    probe_usd: float = 0.0
+    """What the sessions' probe requests counted for against budget.usd."""
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -192,6 +194,7 @@ class RunStatus:
             "in_flight_worst_usd": round(self.journal.open_usd, 6),
             "unsettled_usd": round(self.unsettled_usd, 6),
             "cost_reports_refused": self.cost_reports_refused,
+            "probe_usd": round(self.probe_usd, 8),
             "rescued": self.rescued,
             "rescue_files": self.rescue_files,
             "notes": self.notes,

@@ -85,8 +85,11 @@ def _spend_notes(st: RunStatus) -> list[str]:
                      "budget.usd")
     if st.cost_reports_refused:
         notes.append(f"{st.cost_reports_refused:,} answers or billed failures reported a cost "
-                     "that was not believed (0, negative, not a number, or far from the "
-                     "price): counted at their price (cost_source priced_report_refused)")
+                     "that is no cost (negative, not a number): counted at their worst case "
+                     "(cost_source worst_case_report_refused)")
+    if st.probe_usd:
+        notes.append(f"${st.probe_usd:,.4f} spent by the probe's requests: not in the $ above; "
+                     "counted as spent against budget.usd")
     return notes
 
 

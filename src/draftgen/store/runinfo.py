@@ -236,6 +236,11 @@ def session_unsettled_usd(session: Any) -> float:
         summary.get("unsettled_usd") if isinstance(summary, dict) else None)
 
 
+def session_probe_usd(session: Any) -> float:
+    """What a session's probe requests counted for (recorded as soon as it probed)."""
+    return as_usd(session.get("probe_usd")) if isinstance(session, dict) else 0.0
+
+
 def record_datasets(path: Path, datasets: dict[str, dict[str, Any]]) -> None:
     """Per-dataset totals of the latest session (prompts, bad rows, skipped by budget...), so
     that status can show totals without re-reading the datasets."""

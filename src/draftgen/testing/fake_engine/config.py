@@ -48,6 +48,12 @@ class ServerConfig:
     providers: list[str] = field(default_factory=lambda: ["TestProvider"])
     prices: Prices | tuple[float, float] | Mapping[str, float] | None = None
     """USD per million tokens (prompt, completion); when set, usage carries `cost`."""
+    listed_prices: Prices | tuple[float, float] | None = None
+    """What `GET /models` lists as the price (None: `prices`): a provider whose listing is
+    not its bill."""
+    bill_factor: float = 1.0
+    """Every answer is billed (and its `usage.cost` reported) at `prices` times this: a
+    provider that charges more than its listing says."""
     reported_cost: float | str | None = None
     """With `prices`: sent as every answer's `usage.cost` (and the generation record's
     `total_cost`) instead of the priced cost: 0 (as OpenRouter reports bring-your-own-key
@@ -107,6 +113,8 @@ class ServerConfig:
             self.prices = Prices(self.prices["prompt"], self.prices["completion"])
         elif self.prices is not None:
             self.prices = Prices(*self.prices)
+        if self.listed_prices is not None:
+            self.listed_prices = Prices(*self.listed_prices)
         _check_choice("layout", self.layout, get_args(Layout))
         _check_choice("mode", self.mode, get_args(Mode))
         _check_choice("reasoning_field", self.reasoning_field, get_args(ReasoningField))
@@ -124,7 +132,17 @@ class ServerConfig:
 
     @property
     def price(self) -> Prices | None:
-        return self.prices if isinstance(self.prices, Prices) else None
+        """What the server bills per million tokens."""
+        if not isinstance(self.prices, Prices):
+            return None
+        return Prices(self.prices.prompt * self.bill_factor,
+                      self.prices.completion * self.bill_factor)
+
+    @property
+    def listing(self) -> Prices:
+        """What `GET /models` lists per million tokens."""
+        listed = self.listed_prices or self.prices
+        return listed if isinstance(listed, Prices) else Prices(0, 0)
 
     @property
     def display(self) -> Literal["exact", "raw", "strip"]:

@@ -170,6 +170,8 @@ class FakeEngine:
         )
         comp = await self._completion(fault, key, req.max_tokens, self.vocab.stop_ids)
         reply = ChatReply(self.config, req, ctx, comp, fault)
+        if self.config.price is not None:
+            self.stats.bill(self.config.price.cost(len(ctx.prompt_ids), len(comp.ids)))
         if self.config.mode == "openrouter":
             self._keep_generation(reply)
         if req.stream:
@@ -249,6 +251,8 @@ class FakeEngine:
             headers["Retry-After"] = spec.retry_after
         auth = request.headers.get("Authorization", "")
         body = error_json(fault, ctx, label, self.config, auth)
+        if "usage" in body and self.config.price is not None:
+            self.stats.bill(self.config.price.cost(len(ctx.prompt_ids), 0))
         return json_response(body, spec.status, headers)
 
     async def _completion(

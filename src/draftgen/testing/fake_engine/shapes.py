@@ -63,7 +63,7 @@ def echoed(message: str, auth: str, config: ServerConfig) -> str:
 
 
 def models_json(config: ServerConfig) -> Json:
-    prices = config.price or Prices(0, 0)
+    prices = config.listing
 
     def per_token(usd_per_million: float) -> str:
         return format(Decimal(str(usd_per_million)) / Decimal(1_000_000), "f")

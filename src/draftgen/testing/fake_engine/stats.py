@@ -14,7 +14,8 @@ class ServerStats(Mapping[str, Any]):
     """Counters, readable from any thread as a mapping (each read takes a snapshot):
     `requests` (by endpoint), `responses` (by HTTP status, "reset" or "cancelled"), `faults`
     (by kind, plus "noncanonical"), `in_flight` and `max_in_flight` (chat and generate calls),
-    `per_prompt` (by the last user message text), and `bodies` (the last received request
+    `per_prompt` (by the last user message text), `billed_usd` (what the server charged, at
+    its prices), and `bodies` (the last received request
     bodies; headers are never stored)."""
 
     def __init__(self, max_bodies: int = 10_000) -> None:
@@ -31,6 +32,7 @@ class ServerStats(Mapping[str, Any]):
             self._bodies: deque[Any] = deque(maxlen=self._max_bodies)
             self._in_flight = 0
             self._max_in_flight = 0
+            self._billed_usd = 0.0
 
     def begin(self, endpoint: str, counts_in_flight: bool) -> None:
         with self._lock:
@@ -49,6 +51,12 @@ class ServerStats(Mapping[str, Any]):
         with self._lock:
             (self._faults if counter == "faults" else self._per_prompt)[key] += 1
 
+    def bill(self, usd: float) -> None:
+        """What the server charged for one answer or billed error (its prices, not what it
+        reports)."""
+        with self._lock:
+            self._billed_usd += usd
+
     def received(self, body: Any) -> None:
         with self._lock:
             self._bodies.append(body)
@@ -62,6 +70,7 @@ class ServerStats(Mapping[str, Any]):
                 "in_flight": self._in_flight,
                 "max_in_flight": self._max_in_flight,
                 "per_prompt": dict(self._per_prompt),
+                "billed_usd": self._billed_usd,
             }
             if bodies:
                 snap["bodies"] = list(self._bodies)

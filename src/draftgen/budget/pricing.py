@@ -1,0 +1,104 @@
+"""What a request counts for in dollars, and the price its reservations use.
+
+The bill is the truth: a request never counts for less than the provider reported it cost.
+
+- A finite reported cost >= 0 above the priced cost (usage times the backend's price) is
+  believed; one below it, or none, counts the price (a report of 0 is no discount: OpenRouter
+  reports 0 for bring-your-own-key requests, which the key's owner pays elsewhere).
+- A report that is no cost at all (NaN, infinite, negative, not a number) counts the request's
+  worst case, as reserved, and is flagged (`cost_source` `worst_case_report_refused`).
+- A backend whose answers cost more than its price raises the price its reservations use
+  (`PriceWatch`): the highest ratio of reported to priced cost seen, so the worst case of what
+  is in flight is reserved at what the provider really charges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from draftgen.config import Price
+
+PRICED, REPORTED, REPORT_REFUSED = "priced", "reported", "worst_case_report_refused"
+"""Where an answer's `cost_usd` comes from (its record's `cost_source`): its usage priced (no
+cost reported, or one below the price), the reported cost (at or above the price), or the
+request's worst case (the report was not a cost)."""
+MIN_PAID_USD_PER_M = 1e-3
+"""A paid backend priced below this (USD per million tokens, prompt and completion alike) is
+refused when a dollar budget is set, unless its config says `paid: false`: a price of 0 or a
+per-token/per-million typo would turn the budget off."""
+
+
+def is_cost(usd: float | None) -> bool:
+    """A figure a provider may bill: finite and >= 0."""
+    return usd is not None and math.isfinite(usd) and usd >= 0
+
+
+def counted_cost(reported: float | None, priced: float | None, worst: float
+                 ) -> tuple[float, str]:
+    """What an answer (or a billed failure) counts for, and where the figure comes from:
+    never less than the provider reported, never less than the price. `worst`: the request's
+    reserved worst case, counted for a report that is no cost."""
+    floor = priced or 0.0
+    if reported is None:
+        return floor, PRICED
+    if not is_cost(reported):
+        return max(worst, floor), REPORT_REFUSED
+    if reported >= floor:
+        return reported, REPORTED
+    return floor, PRICED
+
+
+def lookup_cost(billed: float | None, counted: float) -> float:
+    """A bill looked up afterwards (OpenRouter's generation record) for an attempt counted at
+    its worst case: the provider's figure where it is a cost, else the worst case stays."""
+    return billed if billed is not None and is_cost(billed) else counted
+
+
+@dataclass
+class PriceWatch:
+    """A backend's price as the provider charges it: the configured or listed price, raised by
+    the highest ratio of a reported cost to its priced cost seen so far. A backend with no
+    price (0: a free backend) that reports costs is priced by the highest cost per token seen."""
+
+    listed: Price | None
+    ratio: float = 1.0
+    usd_per_token: float = 0.0
+    answers: int = 0
+    """Answers (or billed failures) seen, with or without a reported cost."""
+    reported_over_free: int = 0
+    """Reported costs > 0 from a backend whose price is 0."""
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """The listed price's cost of this usage (None: no price known)."""
+        if self.listed is None:
+            return None
+        return self.listed.cost(prompt_tokens, completion_tokens)
+
+    def worst(self, prompt_tokens: int, max_tokens: int) -> float:
+        """What a request of `prompt_tokens` and `max_tokens` may cost, at what the provider
+        has charged so far."""
+        listed = (self.listed.cost(prompt_tokens, max_tokens) * self.ratio
+                  if self.listed is not None else 0.0)
+        return max(listed, (prompt_tokens + max_tokens) * self.usd_per_token)
+
+    def observe(self, reported: float | None, priced: float | None, tokens: int) -> float:
+        """One answer's reported cost beside its priced cost. Returns the factor by which the
+        reservation price rose (1.0: unchanged)."""
+        self.answers += 1
+        if not is_cost(reported) or not reported:
+            return 1.0
+        assert reported is not None
+        before = self.worst(1, 1)
+        if priced:
+            self.ratio = max(self.ratio, reported / priced)
+        elif tokens > 0:
+            self.reported_over_free += 1
+            self.usd_per_token = max(self.usd_per_token, reported / tokens)
+        after = self.worst(1, 1)
+        return after / before if before > 0 and after > before else 1.0
+
+
+def too_small(price: Price) -> bool:
+    """A price no paid API charges: 0, or a per-token figure given as per-million."""
+    return max(price.prompt, price.completion) < MIN_PAID_USD_PER_M

@@ -1,0 +1,207 @@
+"""7. Money, the bill is the truth: a provider whose price list is not its bill (a listing of
+0, a bill 9x or 15x its listing), reported costs that are no cost, and the probe's own
+requests. The loopback server keeps what it really charged (`stats["billed_usd"]`); each case
+compares that bill with `budget.usd` and with what draftgen counted."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from draftgen.config import ConfigError, load_config
+from draftgen.probe import ProbeOptions
+from draftgen.run import Runner, prepare
+from draftgen.status import collect_status
+from draftgen.store.runinfo import read_run_json
+from draftgen.testing.fake_engine import TestServer
+from tests.e2e_helpers import fast_backend, read_records, run_config, write_config
+from tests.reliability.helpers import prompt_rows, write_jsonl
+
+SCENARIO = "8. Money"
+PRICE = {"prompt": 10.0, "completion": 10.0}
+"""USD per million tokens, as listed: $0.00001 a token."""
+SHORT = {"reasoning_tokens": (5, 20), "content_tokens": (5, 20)}
+MAX_TOKENS = 64
+
+
+def _config(tmp_path: Path, qwen3_dir: Path, server: TestServer, n: int, usd: float,
+            concurrency: int = 8, **backend: Any) -> Path:
+    data = write_jsonl(tmp_path / "d.jsonl", prompt_rows(n))
+    return write_config(
+        tmp_path, qwen3_dir,
+        backends=[fast_backend("or", "openrouter", server.url + "/api/v1",
+                               concurrency=concurrency, **backend)],
+        datasets=[{"name": "d", "path": str(data)}],
+        sampling={"max_tokens": MAX_TOKENS}, budget={"usd": usd})
+
+
+def _billed(server: TestServer) -> float:
+    return float(server.stats.snapshot(bodies=False)["billed_usd"])
+
+
+def _run_with_probe(cfg: Path) -> Any:
+    plan = prepare(load_config(cfg))
+    return asyncio.run(Runner(plan, live_display=False, probe=ProbeOptions()).execute())
+
+
+def _worst_at_listing(tmp_path: Path) -> float:
+    """One request's worst case at the listed price: max_tokens and the longest prompt."""
+    prompt_tokens = max(r["usage"]["prompt_tokens"] for r in read_records(tmp_path / "run", "d"))
+    return (prompt_tokens + MAX_TOKENS) * PRICE["completion"] / 1e6
+
+
+# ---- a listing that is not the bill -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factor", [1, 9, 15])
+def test_a_bill_above_the_listing_stays_within_the_budget(tmp_path: Path, qwen3_dir: Path,
+                                                          reliability, factor: int) -> None:
+    """The listing says PRICE, the server bills `factor` times that and reports it. The bill
+    may pass the budget only by what the first request cost beyond its reservation (one
+    request in flight until the backend's first answer tells what it charges)."""
+    budget = 0.02
+    case = reliability(SCENARIO, f"the provider bills {factor}x its listed price (and reports "
+                       f"it); budget.usd ${budget}, concurrency 8, 100 prompts")
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    bill_factor=factor, **SHORT) as server:
+        outcome = run_config(_config(tmp_path, qwen3_dir, server, 100, budget))
+        bill = _billed(server)
+    case.runs = 1
+    records = read_records(tmp_path / "run", "d")
+    bound = (factor - 1) * _worst_at_listing(tmp_path)
+    counted = collect_status(tmp_path / "run").total.sums.cost
+    case.note(f"{len(records)} answers; server billed ${bill:.4f} of ${budget} (bound "
+              f"${budget + bound:.4f}); draftgen counted ${counted:.4f}; {outcome.status}")
+    assert bill <= budget + bound + 1e-12
+    assert counted == pytest.approx(bill)  # never less than the provider billed
+    assert all(r["cost_source"] == "reported" for r in records)
+    if factor > 1:
+        assert outcome.status == "budget"
+
+
+def test_the_probe_learns_what_a_provider_charges(tmp_path: Path, qwen3_dir: Path,
+                                                  reliability) -> None:
+    """With the probe, the first request of the run is reserved at 15x already: the bill
+    stays within the budget, the probe's requests included."""
+    budget = 0.1
+    case = reliability(SCENARIO, "the provider bills 15x its listed price; the probe runs "
+                       f"first; budget.usd ${budget}")
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    bill_factor=15, **SHORT) as server:
+        outcome = _run_with_probe(_config(tmp_path, qwen3_dir, server, 100, budget))
+        bill = _billed(server)
+    case.runs = 1
+    st = collect_status(tmp_path / "run")
+    counted = st.total.sums.cost + st.probe_usd
+    case.note(f"server billed ${bill:.4f} of ${budget}; counted ${counted:.4f} (probe "
+              f"${st.probe_usd:.4f}); {outcome.status}")
+    assert outcome.status == "budget"
+    assert bill <= budget
+    assert st.probe_usd > 0
+    assert counted == pytest.approx(bill)
+    session = read_run_json(tmp_path / "run" / "run.json")["sessions"][-1]
+    assert session["probe_usd"] == pytest.approx(st.probe_usd)
+
+
+@pytest.mark.parametrize("listing", [(0.0, 0.0), (1e-15, 1e-15)], ids=["zero", "1e-15"])
+def test_a_paid_backend_listed_at_nothing_is_refused(tmp_path: Path, qwen3_dir: Path,
+                                                     reliability, listing: tuple) -> None:
+    case = reliability(SCENARIO, f"OpenRouter lists the model at {listing[0]:g} per token "
+                       "while it bills its true price; budget.usd $0.005")
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    listed_prices=listing, **SHORT) as server:
+        cfg = _config(tmp_path, qwen3_dir, server, 100, 0.005)
+        with pytest.raises(ConfigError, match="paid: false"):
+            run_config(cfg)
+        bill = _billed(server)
+    case.runs = 1
+    case.note(f"refused at start; server billed ${bill:.4f}")
+    assert bill == 0
+
+
+def test_a_configured_price_of_zero_on_a_paid_backend_is_refused(
+        tmp_path: Path, qwen3_dir: Path, reliability) -> None:
+    case = reliability(SCENARIO, "price: {prompt: 0, completion: 0} on a paid backend; "
+                       "budget.usd $0.005")
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    **SHORT) as server:
+        cfg = _config(tmp_path, qwen3_dir, server, 20, 0.005,
+                      price={"prompt": 0, "completion": 0})
+        with pytest.raises(ConfigError, match="below what any paid API charges"):
+            run_config(cfg)
+        bill = _billed(server)
+    case.runs = 1
+    assert bill == 0
+
+
+def test_a_free_backend_that_reports_costs_counts_them(tmp_path: Path, qwen3_dir: Path,
+                                                       reliability, caplog) -> None:
+    case = reliability(SCENARIO, "a backend configured `paid: false` whose answers report "
+                       "a cost; budget.usd $0.005")
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    listed_prices=(0, 0), **SHORT) as server:
+        cfg = _config(tmp_path, qwen3_dir, server, 100, 0.005, concurrency=2, paid=False)
+        outcome = run_config(cfg)
+        bill = _billed(server)
+    case.runs = 1
+    counted = collect_status(tmp_path / "run").total.sums.cost
+    case.note(f"server billed ${bill:.4f}; counted ${counted:.4f}; {outcome.status}")
+    assert counted == pytest.approx(bill)
+    assert outcome.status == "budget"
+    assert "paid: false" in caplog.text and "report a cost" in caplog.text
+
+
+# ---- the probe pays from the budget -------------------------------------------------------------
+
+
+def test_no_probe_when_the_budget_cannot_hold_it(tmp_path: Path, qwen3_dir: Path,
+                                                 reliability) -> None:
+    case = reliability(SCENARIO, "budget.usd 1e-9 with the probe on")
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    **SHORT) as server:
+        outcome = _run_with_probe(_config(tmp_path, qwen3_dir, server, 10, 1e-9))
+        bill = _billed(server)
+    case.runs = 1
+    case.note(f"server billed ${bill:.6f}; {outcome.status}")
+    assert bill == 0
+    assert outcome.status == "budget"
+
+
+# ---- reported costs that are no cost ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reported", [0, -0.5, "NaN", 1e308],
+                         ids=["zero_byok", "negative", "not_a_number", "absurd"])
+def test_a_reported_cost_never_counts_less_than_the_price(
+        tmp_path: Path, qwen3_dir: Path, reliability, reported: Any) -> None:
+    """0 counts the price; a negative or non-number counts the worst case (flagged); a huge
+    finite report is believed (the provider says it billed it: the budget stops)."""
+    budget = 0.02
+    case = reliability(SCENARIO, f"the endpoint reports usage.cost {reported!r} for every "
+                       f"answer (bill: its price); budget.usd ${budget}")
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    reported_cost=reported, **SHORT) as server:
+        outcome = run_config(_config(tmp_path, qwen3_dir, server, 60, budget, concurrency=2))
+        bill = _billed(server)
+    case.runs = 1
+    records = read_records(tmp_path / "run", "d")
+    st = collect_status(tmp_path / "run")
+    case.note(f"{len(records)} answers, billed ${bill:.4f} of ${budget}; counted "
+              f"${st.total.sums.cost:.4g}; {outcome.status}")
+    assert outcome.status == "budget"
+    assert bill <= budget
+    for r in records:
+        priced = (r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]) * 1e-5
+        assert r["cost_usd"] >= priced - 1e-12
+    sources = {r["cost_source"] for r in records}
+    expected = {0: {"priced"}, 1e308: {"reported"}}.get(reported, {"worst_case_report_refused"})
+    assert sources == expected
+    if reported == 1e308:
+        assert len(records) == 1 and st.total.sums.cost == pytest.approx(1e308)
+    else:
+        assert st.total.sums.cost >= bill - 1e-12
+    if sources == {"worst_case_report_refused"}:
+        assert st.cost_reports_refused == len(records)
