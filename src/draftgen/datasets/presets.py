@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from draftgen.config import RowMapping
 from draftgen.errors import DraftgenError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 Kind = Literal["chat", "code", "math", "science", "reasoning", "tools"]
 SHARED_TOTALS = ("max_output_tokens", "max_prompts", "limit")
@@ -213,3 +216,89 @@ def _merged(fields: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     if isinstance(fields.get("rows"), dict) and isinstance(entry.get("rows"), dict):
         merged["rows"] = {**fields["rows"], **entry["rows"]}
     return merged
+
+
+# ---------------------------------------------------------------------------------------------
+# `draftgen datasets`
+
+
+def print_presets(console: Console, kind: str | None = None) -> None:
+    """The presets (of one kind) and the mixes, as two tables."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    reg = registry()
+    presets = [p for p in reg.presets.values() if kind is None or p.kind == kind]
+    if not presets:
+        raise PresetError(f"no preset of kind {kind!r} (kinds: {', '.join(_kinds(reg))})")
+    table = Table(title="presets: datasets: - {preset: NAME}", title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("NAME, hub dataset (subset) [split]", overflow="fold")
+    for column in ("kind", "size", "licence"):
+        table.add_column(column, no_wrap=True)
+    for p in presets:
+        where = p.hub + (f" ({p.subset})" if p.subset else "") + f" [{p.split}]"
+        parts = f", {len(p.parts)} parts" if p.parts else ""
+        cell = Text(p.name, style="bold")
+        cell.append(f"\n{where}{parts}", style="dim")
+        table.add_row(cell, p.kind, p.size, p.licence)
+    console.print(table)
+    if kind is None:
+        console.print(_mix_table(reg))
+
+
+def _mix_table(reg: Registry) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title="mixes: datasets: - {preset_mix: NAME}", title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("NAME", no_wrap=True)
+    table.add_column("sets (weight)", ratio=1)
+    table.add_column("output tokens", justify="right", no_wrap=True)
+    for mix in reg.mixes.values():
+        sets = ", ".join(f"{m.preset} ({m.weight:g})" for m in mix.sets)
+        total = f"{mix.max_output_tokens:,}" if mix.max_output_tokens else "-"
+        table.add_row(mix.name, sets, total)
+    return table
+
+
+def _kinds(reg: Registry) -> list[str]:
+    return sorted({p.kind for p in reg.presets.values()})
+
+
+def print_preset(console: Console, name: str) -> None:
+    """One preset or mix in full: where it is, what it is, how its rows are read, and the
+    run.yaml datasets it stands for."""
+    reg = registry()
+    if name in reg.mixes:
+        mix = reg.mixes[name]
+        lines = [f"mix {mix.name}: {mix.about}"]
+        entry: dict[str, Any] = {"preset_mix": name}
+    else:
+        preset, _ = _preset_and_part(reg, name)
+        lines = [f"preset {preset.name} ({preset.kind}, {preset.size} rows, licence "
+                 f"{preset.licence}): {preset.about}"]
+        entry = {"preset": name}
+    expanded = expand_datasets([entry])
+    lines += ["", "run.yaml:", "  datasets:", f"    - {_flow(entry)}", "",
+              "stands for:", yaml.dump(expanded, Dumper=_Dumper, sort_keys=False, width=1_000,
+                                       allow_unicode=True).rstrip()]
+    console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=False)
+
+
+class _Dumper(yaml.SafeDumper):
+    """YAML with strings of several lines written quoted on one line ("a\\nb")."""
+
+
+def _one_line_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text,
+                                   style='"' if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _one_line_str)
+
+
+def _flow(entry: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in entry.items()) + "}"
