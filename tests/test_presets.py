@@ -238,13 +238,15 @@ def test_drop_rules_leave_rows_out_and_count_them(tmp_path: Path) -> None:
 
 
 def test_cached_jsonl_rows_are_mapped_again_when_reread(tmp_path: Path) -> None:
-    data = _write_rows(tmp_path / "rows.jsonl", [FIXTURES["gsm8k"].row])
-    cfg = _preset_config("gsm8k", data)
-    fresh, _ = load_prompt_table(cfg, tmp_path / "cache.npz")
+    data = _write_rows(tmp_path / "rows.jsonl", [FIXTURES["sciq"].row])
+    cfg = _preset_config("sciq", data)
+    cache = tmp_path / "cache.npz"
+    fresh, _ = load_prompt_table(cfg, cache)
     fresh.save_cache()
-    cached, _ = load_prompt_table(cfg, tmp_path / "cache.npz")
+    cached, _ = load_prompt_table(cfg, cache)
+    assert cache.exists()  # the rows re-read by offset gave their cached IDs: kept
     assert [p.messages for p in cached] == [p.messages for p in fresh] \
-        == [FIXTURES["gsm8k"].prompt]
+        == [FIXTURES["sciq"].prompt]
 
 
 def test_a_template_field_missing_is_a_bad_row_naming_it(tmp_path: Path) -> None:
