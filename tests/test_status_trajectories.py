@@ -72,3 +72,16 @@ def test_status_command_shows_the_conversations(tmp_path: Path, qwen3_tok: Token
     assert "last_turn 2, finish_length 1" in result.output
     as_json = CliRunner().invoke(app, ["status", str(root), "--json"])
     assert orjson.loads(as_json.output)["datasets"]["agent"]["trajectories"]["done"] == 3
+
+
+def test_status_table_names_the_units_of_a_turns_all_row(tmp_path: Path, qwen3_tok: Tokenizer
+                                                        ) -> None:
+    root = write_trajectory_run(tmp_path / "run", qwen3_tok,
+                                single=[{"role": "user", "content": "Hi"}])
+    result = CliRunner().invoke(app, ["status", str(root)], env={"COLUMNS": "200"})
+    agent = next(line for line in result.output.splitlines() if line.startswith("│ agent"))
+    [total] = [line for line in result.output.splitlines() if line.startswith("│ total")]
+    cells = [c.strip() for c in agent.split("│")[1:-1]]
+    # conversations beside turns, each named (the run written here records no total)
+    assert (cells[1], cells[2], cells[5]) == ("? conv", "9 turns", "1 conv")
+    assert [c.strip() for c in total.split("│")[1:-1]][1] == "-"

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import click
 import orjson
 import typer
-from typer.core import TyperGroup
 
+from draftgen.cli_help import HelpCommand, HelpGroup
 from draftgen.errors import DraftgenError
 from draftgen.export.options import ExportFormat, MinCheck, Overlong
 from draftgen.probe.options import DEFAULT_MAX_TOKENS, ProbeOptions
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from draftgen.store.shards import ShardSpec
 
 
-class _Commands(TyperGroup):
+class _Commands(HelpGroup):
     """The commands, each of which reports a `DraftgenError` it stops on as one line and exits
     with the error's `exit_code`; any other exception is a bug and keeps its traceback."""
 
@@ -50,6 +50,19 @@ class _Commands(TyperGroup):
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
                   help="Token-exact training data for speculative-decoding draft models.")
 log = logging.getLogger("draftgen")
+
+GENERATE, INSPECT, WRITE_OUT = "Generate", "Inspect a run", "Write out"
+"""The panels of `draftgen --help`."""
+SCALE_OUT, PROBING = "Scale out", "Probe"
+"""Panels of `draftgen run --help`."""
+WHAT_TO_WRITE, LEAVE_OUT, MIX_SPLIT = "What to write", "What to leave out", "How to mix and split"
+"""Panels of `draftgen export --help`."""
+VERBOSE = "Log debug messages too."
+
+
+def _examples(*lines: str) -> str:
+    """A command's epilog: its examples, one command line each."""
+    return "Examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def _console(**options: Any) -> Console:
@@ -147,40 +160,51 @@ def _warn_if_template_disagrees(fmt: Any) -> None:
         _stderr().print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 
 
-@app.command(short_help="Generate answers; re-running the same command resumes.")
+@app.command(cls=HelpCommand, rich_help_panel=GENERATE,
+             short_help="Generate answers; re-running the same command resumes.",
+             epilog=_examples("draftgen run run.yaml --dry-run    # read everything, send nothing",
+                              "draftgen run run.yaml              # run, or resume",
+                              "draftgen run run.yaml --procs 4    # 4 shard processes",
+                              "draftgen run run.yaml --shard 0/2  # this machine's half"))
 def run(
-    config: Annotated[Path, typer.Argument(help="run.yaml")],
+    config: Annotated[Path, typer.Argument(metavar="CONFIG", help="run.yaml")],
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Validate the config, read every dataset, load the tokenizer, "
         "print counts and bad rows; send nothing.")] = False,
     no_live: Annotated[bool, typer.Option(
         "--no-live", help="Plain periodic log lines instead of the live table.")] = False,
     no_probe: Annotated[bool, typer.Option(
-        "--no-probe", help="Skip the probe: send to every backend without checking first "
-        "what it does with reasoning, whitespace, tool calls and token counts.")] = False,
+        "--no-probe", rich_help_panel=PROBING, help="Skip the probe: send to every backend "
+        "without checking first what it does with reasoning, whitespace, tool calls and token "
+        "counts.")] = False,
     force_probe: Annotated[bool, typer.Option(
-        "--probe", help="Probe again even where run.json holds a probe result for this "
+        "--probe", rich_help_panel=PROBING, help="Probe again even where run.json holds a "
+        "probe result for this "
         "config (by default a resumed run reuses it).")] = False,
     shard: Annotated[str | None, typer.Option(
-        "--shard", metavar="I/N", help="Answer only shard I of N (0-based): the prompts whose "
+        "--shard", metavar="I/N", rich_help_panel=SCALE_OUT,
+        help="Answer only shard I of N (0-based): the prompts whose "
         "stable ID hashes to I, written to OUTPUT_DIR/shards/I-of-N/, which resumes on its "
         "own. status, audit, export and report of OUTPUT_DIR read every shard as one run.")
         ] = None,
     procs: Annotated[int | None, typer.Option(
-        "--procs", metavar="N", min=1, help="Run the config as N shard processes on this "
+        "--procs", metavar="N", min=1, rich_help_panel=SCALE_OUT,
+        help="Run the config as N shard processes on this "
         "machine (one client process is bound by one core), sharing the backends' "
         "concurrency and the budgets; written as --shard runs are.")] = None,
     ray: Annotated[int | None, typer.Option(
-        "--ray", metavar="N", min=1, help="Run the config as N shards on a Ray cluster "
+        "--ray", metavar="N", min=1, rich_help_panel=SCALE_OUT,
+        help="Run the config as N shards on a Ray cluster "
         "(needs ray installed).")] = None,
     ray_address: Annotated[str | None, typer.Option(
-        "--ray-address", metavar="ADDR", help="The Ray cluster to join with --ray (default: "
+        "--ray-address", metavar="ADDR", rich_help_panel=SCALE_OUT,
+        help="The Ray cluster to join with --ray (default: "
         "a local one).")] = None,
     accept_changed_settings: Annotated[bool, typer.Option(
         "--accept-changed-settings", help="Resume although the model, format, tokenizer or "
         "sampling changed since the run's last session (refused otherwise): the change is "
         "recorded in run.json and each answer names its session.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE)] = False,
 ) -> None:
     """Generate answers; re-running the same command resumes. The backends are probed first (see
     `draftgen probe`): a backend the probe finds unsafe for this run's prompts is left out; with
@@ -277,20 +301,24 @@ def _print_shard(plan: Plan, spec: ShardSpec) -> None:
                                    f"{spec.folder(Path(plan.cfg.output_dir))}", highlight=False)
 
 
-@app.command(short_help="Check what each backend does, before a paid run.")
+@app.command(cls=HelpCommand, rich_help_panel=GENERATE,
+             short_help="Check what each backend does, before a paid run.",
+             epilog=_examples("draftgen probe run.yaml",
+                              "draftgen probe run.yaml -b openrouter --json --no-save"))
 def probe(
-    config: Annotated[Path, typer.Argument(help="run.yaml")],
+    config: Annotated[Path, typer.Argument(metavar="CONFIG", help="run.yaml")],
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the results as JSON on stdout instead of a table.")] = False,
     backend: Annotated[list[str] | None, typer.Option(
-        "--backend", "-b", help="Probe only this backend (repeatable; default: all).")] = None,
+        "--backend", "-b", metavar="NAME",
+        help="Probe only this backend (repeatable; default: all).")] = None,
     max_tokens: Annotated[int, typer.Option(
         "--max-tokens", min=16, help="max_tokens of each probe request (they cost money on "
         "paid backends).")] = DEFAULT_MAX_TOKENS,
     save: Annotated[bool, typer.Option(
         "--save/--no-save", help="Record the results in the output_dir's run.json, where "
         "`draftgen run` reuses them instead of probing again.")] = True,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE)] = False,
 ) -> None:
     """Check what each backend does, before a paid run. A few small requests (plain, reasoning, a
     tool call), then per backend where reasoning arrives, whether whitespace is kept, how tool calls
@@ -327,13 +355,15 @@ def probe(
         raise typer.Exit(1)
 
 
-@app.command("check-format",
-             short_help="Compare draftgen's prompts with the model's chat template.")
+@app.command("check-format", cls=HelpCommand, rich_help_panel=GENERATE,
+             short_help="Compare draftgen's prompts with the model's chat template.",
+             epilog=_examples("draftgen check-format run.yaml",
+                              "draftgen check-format run.yaml --rows 50"))
 def check_format(
-    config: Annotated[Path, typer.Argument(help="run.yaml")],
+    config: Annotated[Path, typer.Argument(metavar="CONFIG", help="run.yaml")],
     rows: Annotated[int, typer.Option(
         "--rows", min=0, help="Compare the first N rows of each dataset too.")] = 5,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE)] = False,
 ) -> None:
     """Render sample conversations and the first rows of each dataset (tools included) with
     draftgen's model format and with the model's own chat template (the folder
@@ -368,9 +398,11 @@ def check_format(
         raise typer.Exit(1)
 
 
-@app.command(short_help="Stop a running `draftgen run` (graceful unless --now).")
+@app.command(cls=HelpCommand, rich_help_panel=GENERATE,
+             short_help="Stop a running `draftgen run` (graceful unless --now).",
+             epilog=_examples("draftgen stop runs/qwen3", "draftgen stop runs/qwen3 --now"))
 def stop(
-    run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
     now: Annotated[bool, typer.Option(
         "--now", help="Abort requests in flight instead of waiting for them.")] = False,
 ) -> None:
@@ -405,62 +437,85 @@ def stop(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(cls=HelpCommand, rich_help_panel=WRITE_OUT, epilog=_examples(
+    "draftgen export runs/qwen3 -f speculators -o out/qwen3",
+    "draftgen export runs/qwen3 -f specforge -o out/sf --max-len 8192 \\",
+    "    --overlong truncate --val-fraction 0.02",
+    "draftgen export runs/qwen3 -f parquet -o out/pq --no-checks --min-check any"))
 def export(
-    run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
     fmt: Annotated[ExportFormat, typer.Option(
-        "--format", "-f", help="speculators (HF save_to_disk Arrow), specforge (pre-tokenized, "
+        "--format", "-f", rich_help_panel=WHAT_TO_WRITE,
+        help="speculators (HF save_to_disk Arrow), specforge (pre-tokenized, "
         "text and conversations JSONL), trajectories (speculators' trajectory JSONL: one line "
         "per branch of a turns: all conversation) or parquet (one flat table for analysis; no "
         "trainer reads it).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (created).")],
+    out: Annotated[Path, typer.Option("--out", "-o", rich_help_panel=WHAT_TO_WRITE,
+                                      help="Output folder (created).")],
     dataset: Annotated[list[str] | None, typer.Option(
-        "--dataset", "-d", help="Export only this dataset (repeatable; default: all).")] = None,
+        "--dataset", "-d", metavar="NAME", rich_help_panel=WHAT_TO_WRITE,
+        help="Export only this dataset (repeatable; default: all).")] = None,
     cap: Annotated[list[str] | None, typer.Option(
-        "--cap", help="NAME=N: at most N rows from a dataset, a seeded sample (repeatable).")
+        "--cap", metavar="NAME=N", rich_help_panel=MIX_SPLIT,
+        help="NAME=N: at most N rows from a dataset, a seeded sample (repeatable).")
         ] = None,
     weight: Annotated[list[str] | None, typer.Option(
-        "--weight", help="NAME=W: row multiplier for a dataset: 0.5 keeps a seeded half, 2 "
+        "--weight", metavar="NAME=W", rich_help_panel=MIX_SPLIT,
+        help="NAME=W: row multiplier for a dataset: 0.5 keeps a seeded half, 2 "
         "writes each answer twice; applied before --cap (repeatable).")] = None,
     exclude_truncated: Annotated[bool, typer.Option(
-        "--exclude-truncated/--keep-truncated",
+        "--exclude-truncated/--keep-truncated", rich_help_panel=LEAVE_OUT,
         help="Leave out answers cut off by max_tokens.")] = True,
     min_check: Annotated[MinCheck, typer.Option(
-        "--min-check", help="Weakest token check exported: exact (native IDs), length_ok "
+        "--min-check", rich_help_panel=LEAVE_OUT,
+        help="Weakest token check exported: exact (native IDs), length_ok "
         "(also rebuilt IDs whose length matched), any.")] = MinCheck.length_ok,
     exact_only: Annotated[bool, typer.Option(
-        "--exact-only", help="Same as --min-check exact.")] = False,
+        "--exact-only", rich_help_panel=LEAVE_OUT, help="Same as --min-check exact.")] = False,
     checks: Annotated[bool, typer.Option(
-        "--checks/--no-checks", help="Leave out answers failing the audit (stop token "
+        "--checks/--no-checks", rich_help_panel=LEAVE_OUT,
+        help="Leave out answers failing the audit (stop token "
         "consistent with finish_reason, no special-token text in reasoning/content).")] = True,
     max_len: Annotated[int | None, typer.Option(
-        "--max-len", help="Maximum row length in tokens (prompt + answer).")] = None,
+        "--max-len", rich_help_panel=LEAVE_OUT,
+        help="Maximum row length in tokens (prompt + answer).")] = None,
     overlong: Annotated[Overlong, typer.Option(
-        "--overlong", help="Rows over --max-len: drop them, or truncate (cut the answer's "
+        "--overlong", rich_help_panel=LEAVE_OUT,
+        help="Rows over --max-len: drop them, or truncate (cut the answer's "
         "tail; the prompt is kept whole).")] = Overlong.drop,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of shuffle, split, weights, caps, "
-                                      "turn dropout.")] = 0,
+    seed: Annotated[int, typer.Option(
+        "--seed", rich_help_panel=MIX_SPLIT, help="Seed of shuffle, split, weights, caps, "
+        "turn dropout.")] = 0,
     turn_dropout: Annotated[float, typer.Option(
-        "--turn-dropout", help="turns: all datasets: the probability that a conversation is "
+        "--turn-dropout", rich_help_panel=MIX_SPLIT,
+        help="turns: all datasets: the probability that a conversation is "
         "cut after a seeded random number of turns (1 to all but one).")] = 0.0,
-    shuffle: Annotated[bool, typer.Option("--shuffle/--no-shuffle")] = True,
+    shuffle: Annotated[bool, typer.Option(
+        "--shuffle/--no-shuffle", rich_help_panel=MIX_SPLIT,
+        help="Shuffle the rows (seeded).")] = True,
     val_fraction: Annotated[float, typer.Option(
-        "--val-fraction", help="Fraction of answers put in a validation split (by hash).")
+        "--val-fraction", rich_help_panel=MIX_SPLIT,
+        help="Fraction of answers put in a validation split (by hash).")
         ] = 0.0,
     jsonl: Annotated[bool, typer.Option(
-        "--jsonl", help="speculators: also write OUT/jsonl/SPLIT.jsonl.")] = False,
+        "--jsonl", rich_help_panel=WHAT_TO_WRITE,
+        help="speculators: also write OUT/jsonl/SPLIT.jsonl.")] = False,
     text: Annotated[bool, typer.Option(
-        "--text/--no-text", help="speculators: decode a text column with the run's "
+        "--text/--no-text", rich_help_panel=WHAT_TO_WRITE,
+        help="speculators: decode a text column with the run's "
         "tokenizer.")] = True,
     tokenizer: Annotated[Path | None, typer.Option(
-        "--tokenizer", help="tokenizer.json to use instead of the one run.json names.")] = None,
+        "--tokenizer", rich_help_panel=WHAT_TO_WRITE,
+        help="tokenizer.json to use instead of the one run.json names.")] = None,
     overwrite: Annotated[bool, typer.Option(
-        "--overwrite", help="Replace --out when it holds an earlier draftgen export (its "
+        "--overwrite", rich_help_panel=WHAT_TO_WRITE,
+        help="Replace --out when it holds an earlier draftgen export (its "
         "draftgen_export.json); any other folder, and a run folder, is refused.")] = False,
     skip_broken: Annotated[bool, typer.Option(
-        "--skip-broken", help="Leave out (and count) rows that cannot be sound instead of "
+        "--skip-broken", rich_help_panel=LEAVE_OUT,
+        help="Leave out (and count) rows that cannot be sound instead of "
         "failing.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE)] = False,
 ) -> None:
     """Write a run's answers for a draft-model trainer: exact token IDs, checked loss masks."""
     from draftgen.export import ExportOptions, export_run
@@ -483,13 +538,15 @@ def export(
         raise _fail("no row was written: every answer was excluded (see above)", code=1)
 
 
-@app.command()
+@app.command(cls=HelpCommand, rich_help_panel=INSPECT,
+             epilog=_examples("draftgen report runs/qwen3",
+                              "draftgen report runs/qwen3 -o /tmp/qwen3-report"))
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Folder for index.html and the PNGs (default: RUN_DIR/report).")
         ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE)] = False,
 ) -> None:
     """Write an HTML report of a run (spend, lengths, checks, latency, failures) with PNGs."""
     from draftgen.report import write_report
@@ -501,9 +558,13 @@ def report(
                      f"(+ {len(result.pngs)} PNGs)", highlight=False, soft_wrap=True)
 
 
-@app.command(short_help="How far a run got: live, stopped or killed.")
+@app.command(cls=HelpCommand, rich_help_panel=INSPECT,
+             short_help="How far a run got: live, stopped or killed.",
+             epilog=_examples("draftgen status runs/qwen3",
+                              "watch -n 5 draftgen status runs/qwen3",
+                              "draftgen status runs/qwen3 --json | jq .datasets"))
 def status(
-    run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """How far a run got: live, stopped or killed. Done, failed, skipped, pending, in flight,
@@ -514,9 +575,12 @@ def status(
     print_status(st, as_json)
 
 
-@app.command(short_help="Check every answer's tokens against the run's model format.")
+@app.command(cls=HelpCommand, rich_help_panel=INSPECT,
+             short_help="Check every answer's tokens against the run's model format.",
+             epilog=_examples("draftgen audit runs/qwen3",
+                              "draftgen audit runs/qwen3 --quarantine  # then run again"))
 def audit(
-    run_dir: Annotated[Path, typer.Argument(help="The run's output_dir")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     quarantine: Annotated[bool, typer.Option(
         "--quarantine", help="Move failing answers from responses.jsonl to quarantine.jsonl "
@@ -571,6 +635,32 @@ def _audit_progress() -> Any:
             _stderr().print(f"audited {done:,}/{total:,} answers",
                             end="\n" if done >= total else "\r", highlight=False)
     return show
+
+
+@app.command(cls=HelpCommand, rich_help_panel=GENERATE,
+             short_help="List the dataset presets and mixes run.yaml can name.",
+             epilog=_examples("draftgen datasets", "draftgen datasets --kind code",
+                              "draftgen datasets hendrycks_math",
+                              "draftgen datasets eagle3-reasoning"))
+def datasets(
+    name: Annotated[str | None, typer.Argument(
+        metavar="NAME", help="A preset or mix: show it in full.")] = None,
+    kind: Annotated[str | None, typer.Option(
+        "--kind", help="Only the presets of this kind: chat, code, math, science, reasoning "
+        "or tools.")] = None,
+) -> None:
+    """The dataset presets (`datasets: - {preset: NAME}` in run.yaml) and mixes (`- {preset_mix:
+    NAME}`): hub dataset, split, kind, size and licence. With NAME, one in full: how its rows
+    become messages and tools, which rows it drops, and the datasets it stands for. Any field
+    of a preset can be overridden in run.yaml (`path:` a local copy, `limit:`, `split:`...); a
+    mix's total `max_output_tokens` is shared among its sets by weight."""
+    from draftgen.datasets.presets import print_preset, print_presets
+
+    out = _console(soft_wrap=name is not None)
+    if name is None:
+        print_presets(out, kind)
+    else:
+        print_preset(out, name)
 
 
 def main() -> None:  # pragma: no cover - console entry point convenience

@@ -405,6 +405,53 @@ def _types_with_key(key: str) -> list[str]:
     return [name for name, model in BACKEND_TYPES.items() if key in model.model_fields]
 
 
+JsonScalar = str | int | float | bool | None
+
+
+class DropRule(_Strict):
+    """Rows whose `field` holds one of these values (or not one of them) are left out."""
+
+    field: str
+    one_of: list[JsonScalar] | None = None
+    not_one_of: list[JsonScalar] | None = None
+
+    @model_validator(mode="after")
+    def _one_test(self) -> DropRule:
+        if (self.one_of is None) == (self.not_one_of is None):
+            raise ValueError("give one of one_of or not_one_of")
+        return self
+
+
+class RowMapping(_Strict):
+    """How a row in a dataset's own schema becomes messages and tools (datasets/rowmap.py):
+    written by a preset, or by hand for any dataset. Without `messages` and `prompt`, rows
+    keep their schema (detected) and only `drop` applies."""
+
+    messages: str | None = None
+    """The field holding the conversation (role/content or from/value messages)."""
+    prompt: str | None = None
+    """A user message after `messages`, from a template of `{field}`s ("{Problem}\n{options}")."""
+    answer: str | None = None
+    """An assistant message after those, from a template (the dataset's own answer)."""
+    system: str | None = None
+    """The field holding a system prompt (none unless named)."""
+    tools: str | None = None
+    """The field holding the tools (a list, or a JSON string of one)."""
+    roles: dict[str, str] = Field(default_factory=dict)
+    """Role names of this dataset → user, assistant, system or tool."""
+    skip_roles: list[str] = Field(default_factory=list)
+    """Messages of these roles (after `roles`) are left out."""
+    drop: list[DropRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _reads_a_conversation(self) -> RowMapping:
+        shaped = [k for k in ("answer", "system", "tools", "roles", "skip_roles")
+                  if getattr(self, k)]
+        if shaped and self.messages is None and self.prompt is None:
+            raise ValueError(f"{', '.join(shaped)}: needs messages or prompt")
+        return self
+
+
 class DatasetConfig(_Strict):
     name: str
     path: str
@@ -429,6 +476,12 @@ class DatasetConfig(_Strict):
     """Weighted sampling settings, one drawn per conversation from the run's seed and the
     conversation's ID (`datasets.sampling_mix`), e.g. gpt-oss `reasoning_effort` low, medium,
     high at weights 4, 4, 2; `turns: all` only."""
+    rows: RowMapping | None = None
+    """How a row becomes messages and tools, where schema detection is not enough."""
+    preset: str | None = None
+    """The preset this dataset came from (`draftgen datasets`); its fields are filled in."""
+    preset_mix: str | None = None
+    """The preset mix this dataset came from."""
 
     @field_validator("name")
     @classmethod
@@ -463,6 +516,17 @@ class RunConfig(_Strict):
     min_free_mb: float = Field(256, ge=0)
     """Free space kept on the output disk: below it no new request is sent, the answers in
     flight are written, and the run stops (resumable once space is freed). 0: off."""
+
+    @field_validator("datasets", mode="before")
+    @classmethod
+    def _expand_presets(cls, datasets: Any) -> Any:
+        """`preset:` and `preset_mix:` entries become the datasets they stand for."""
+        if not isinstance(datasets, list) or not any(
+                isinstance(d, dict) and ({"preset", "preset_mix"} & d.keys()) for d in datasets):
+            return datasets
+        from draftgen.datasets.presets import expand_datasets  # the registry loads on use
+
+        return expand_datasets(datasets)
 
     @model_validator(mode="after")
     def _unique_names(self) -> RunConfig:

@@ -29,6 +29,8 @@ class LoadStats:
     """Rows whose own ID was already used by a row with other content (kept, ID suffixed)."""
     limited: bool = False
     """The limit stopped loading while rows were left."""
+    dropped: int = 0
+    """Rows left out by the dataset's `rows.drop` rules (not counted in `rows`)."""
     examples: list[BadRow] = field(default_factory=list)
     """The first `MAX_BAD_ROW_EXAMPLES` bad rows."""
 
@@ -42,6 +44,8 @@ class LoadStats:
         details = [f"{self.bad_rows} bad", f"{self.duplicates} duplicates"]
         if self.id_collisions:
             details.append(f"{self.id_collisions} id collisions")
+        if self.dropped:
+            details.append(f"{self.dropped} dropped by rows.drop")
         if self.limited:
             details.append("stopped at the limit")
         return f"{self.rows} rows → {self.prompts} prompts ({', '.join(details)})"

@@ -30,7 +30,8 @@ log = logging.getLogger("draftgen.datasets")
 
 CACHE_FORMAT = 1
 """Bump when the file's layout, or how prompts and IDs are made from rows, changes."""
-NOT_PROMPT_OPTIONS = frozenset({"max_output_tokens", "max_prompts", "sampling_mix"})
+NOT_PROMPT_OPTIONS = frozenset({"max_output_tokens", "max_prompts", "sampling_mix", "preset",
+                                "preset_mix"})
 """Dataset options that only limit or shape what is sent: changing them keeps the cache (and
 a config without `sampling_mix` keeps the key it had before the option existed)."""
 _ARRAYS = ("id_ends", "id_hashes", "tools", "file_no", "offset", "length", "line")
@@ -38,7 +39,8 @@ _ARRAYS = ("id_ends", "id_hashes", "tools", "file_no", "offset", "length", "line
 
 def cache_key(cfg: DatasetConfig, files: list[Path]) -> str:
     """The digest that a cache file must carry to be used for `cfg` reading `files`."""
-    options = cfg.model_dump(exclude=set(NOT_PROMPT_OPTIONS))
+    unset_since_added = {"rows"} if cfg.rows is None else set()  # keys stay as they were
+    options = cfg.model_dump(exclude=set(NOT_PROMPT_OPTIONS) | unset_since_added)
     sources = []
     for f in files:
         st = f.stat()
@@ -120,12 +122,12 @@ def _checked(path: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray], bl
 def _stats_json(stats: LoadStats) -> dict[str, Any]:
     return {"rows": stats.rows, "prompts": stats.prompts, "bad_rows": stats.bad_rows,
             "duplicates": stats.duplicates, "id_collisions": stats.id_collisions,
-            "limited": stats.limited,
+            "limited": stats.limited, "dropped": stats.dropped,
             "examples": [[b.source, b.reason] for b in stats.examples]}
 
 
 def _stats_from_json(data: dict[str, Any]) -> LoadStats:
     counts = {k: int(data[k]) for k in ("rows", "prompts", "bad_rows", "duplicates",
                                         "id_collisions")}
-    return LoadStats(**counts, limited=bool(data["limited"]),
+    return LoadStats(**counts, limited=bool(data["limited"]), dropped=int(data.get("dropped", 0)),
                      examples=[BadRow(str(s), str(r)) for s, r in data["examples"]])

@@ -24,6 +24,7 @@ from draftgen.datasets.admission import LoadStats, admitted
 from draftgen.datasets.errors import BadRowError, DatasetError
 from draftgen.datasets.ids import RowIdentity, row_identity
 from draftgen.datasets.readers import open_rows
+from draftgen.datasets.rowmap import mapped_stream
 from draftgen.datasets.schema import require_object, whole_conversation_from_row
 from draftgen.types import Message, Prompt, Tool
 
@@ -102,12 +103,13 @@ def iter_conversations(cfg: DatasetConfig, stats: LoadStats | None = None
     if cfg.turns != "all":
         raise DatasetError(f"dataset {cfg.name!r}: conversation plans are read for turns: all, "
                            f"not turns: {cfg.turns}")
-    rows = open_rows(cfg.path, cfg.split, cfg.subset)
+    stats = stats if stats is not None else LoadStats()
+    rows = mapped_stream(open_rows(cfg.path, cfg.split, cfg.subset), cfg, stats)
 
     def read(row: Any, source: str) -> tuple[ConversationPlan, RowIdentity]:
         return conversation_plan(row, cfg.name, source)
 
-    kept = admitted(rows, cfg.name, cfg.limit, stats if stats is not None else LoadStats(), read)
+    kept = admitted(rows, cfg.name, cfg.limit, stats, read)
     return (plan for plan, _ in kept)
 
 

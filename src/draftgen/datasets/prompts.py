@@ -11,6 +11,7 @@ from draftgen.datasets.conversations import first_turn_prompts
 from draftgen.datasets.errors import DatasetError
 from draftgen.datasets.ids import RowIdentity, row_identity
 from draftgen.datasets.readers import Row, RowStream, open_rows
+from draftgen.datasets.rowmap import mapped_stream
 from draftgen.datasets.schema import PromptTurns, conversation_from_row, require_object
 from draftgen.types import Prompt
 
@@ -32,7 +33,7 @@ def iter_prompts(cfg: DatasetConfig, stats: LoadStats | None = None) -> Iterator
     if cfg.turns == "all":
         return first_turn_prompts(cfg, stats)
     turns = prompt_turns(cfg)
-    rows = open_rows(cfg.path, cfg.split, cfg.subset)
+    rows = mapped_stream(open_rows(cfg.path, cfg.split, cfg.subset), cfg, stats)
     return _prompts_from_rows(
         rows, cfg.name, cfg.limit, stats if stats is not None else LoadStats(), turns
     )

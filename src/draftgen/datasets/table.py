@@ -35,6 +35,7 @@ from draftgen.datasets.prompts import (
 )
 from draftgen.datasets.readers import Row, located_jsonl_rows, plain_jsonl_files, rows_at
 from draftgen.datasets.rowindex import PromptIndex, PromptIndexBuilder, index_of
+from draftgen.datasets.rowmap import map_row, mapped_stream
 from draftgen.types import Prompt
 
 LOAD_BATCH = 512
@@ -171,8 +172,8 @@ def _read_located(cfg: DatasetConfig, files: list[Path]
     stats = LoadStats()
     builder = PromptIndexBuilder(locate=True)
     prompts = []
-    for prompt, row in admitted_rows(located_jsonl_rows(files), cfg.name, cfg.limit, stats,
-                                     prompt_turns(cfg)):
+    rows = mapped_stream(located_jsonl_rows(files), cfg, stats)
+    for prompt, row in admitted_rows(rows, cfg.name, cfg.limit, stats, prompt_turns(cfg)):
         builder.add(prompt, row)
         prompts.append(prompt)
     return prompts, builder.build(), stats
@@ -204,6 +205,8 @@ class JsonlRowLoader:
 
     def _prompt(self, position: int, row: Row | BadRow) -> Prompt:
         cached_id = self._index.id_at(position)
+        if isinstance(row, Row) and self._cfg.rows is not None:
+            row = map_row(row, self._cfg.rows) or BadRow(row.source, "dropped by rows.drop")
         if isinstance(row, BadRow):
             raise self._changed(row.source, row.reason)
         try:

@@ -73,10 +73,17 @@ def render_status(st: RunStatus, console: Any) -> None:
             "out tokens", "reasoning", "$", "truncated", "not exact")
     for col in cols:
         table.add_column(col, justify="left" if col == "dataset" else "right")
+    kinds = {d.trajectories is not None for d in st.datasets.values()}
     for d in [*st.datasets.values(), st.total]:
         style = "bold" if d is st.total else None
-        table.add_row(d.name, _n(d.total), _n(d.sums.answers), _n(d.failed), _n(d.skipped),
-                      _n(d.pending), _n(d.in_flight), _n(d.sums.output_tokens),
+        total, done, pending = _n(d.total), _n(d.sums.answers), _n(d.pending)
+        if d is st.total and len(kinds) > 1:  # a sum of conversations and prompts
+            total = pending = "-"
+        elif d.trajectories:  # total and pending count conversations, done counts turns
+            total, done = f"{total} conv", f"{done} turns"
+            pending = f"{_n(d.trajectories.pending)} conv"
+        table.add_row(d.name, total, done, _n(d.failed), _n(d.skipped),
+                      pending, _n(d.in_flight), _n(d.sums.output_tokens),
                       _n(d.sums.reasoning_tokens), f"{d.sums.cost:.4f}", _n(d.truncated),
                       _n(d.not_exact), style=style)
     console.print(table)
