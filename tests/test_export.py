@@ -451,7 +451,10 @@ def test_torn_last_line_is_skipped_and_the_run_folder_untouched(run_copy: Path,
 def test_without_tokenizer_text_is_left_out_and_said(run_copy: Path, tmp_path: Path) -> None:
     run_json = orjson.loads((run_copy / "run.json").read_bytes())
     run_json["tokenizer"]["path"] = str(tmp_path / "missing")
+    for session in run_json["sessions"]:  # and no copy kept in the run folder
+        session["settings"]["tokenizer.path"] = str(tmp_path / "missing")
     (run_copy / "run.json").write_bytes(orjson.dumps(run_json))
+    shutil.rmtree(run_copy / ".tokenizers", ignore_errors=True)
     s = export_run(run_copy, opts(tmp_path / "o"))
     assert any("text column left out" in n for n in s.notes)
     assert any("stop-token checks skipped" in n for n in s.notes)

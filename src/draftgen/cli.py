@@ -204,6 +204,9 @@ def run(
         "--accept-changed-settings", help="Resume although the model, format, tokenizer or "
         "sampling changed since the run's last session (refused otherwise): the change is "
         "recorded in run.json and each answer names its session.")] = False,
+    reask_changed: Annotated[bool, typer.Option(
+        "--reask-changed", help="Ask again the answered prompts whose dataset row changed "
+        "under the same ID (their old answers are moved to quarantine.jsonl).")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE)] = False,
 ) -> None:
     """Generate answers; re-running the same command resumes. The backends are probed first (see
@@ -239,7 +242,8 @@ def run(
         return
     # asyncio's event loop, or uvloop's with DRAFTGEN_UVLOOP=1: see draftgen.perf.run
     outcome = perf.run(Runner(plan, live_display=False if no_live else None, probe=probe,
-                              accept_changed_settings=accept_changed_settings).execute())
+                              accept_changed_settings=accept_changed_settings,
+                              reask_changed=reask_changed).execute())
     counters = outcome.counters
     if counters is not None:
         t = counters.total()
@@ -593,7 +597,7 @@ def audit(
 ) -> None:
     """Check every answer's tokens against the run's model format. Stop and reasoning tokens, tool
     tokens, prompt IDs, decoded text, token_check claims, provider routing, duplicate IDs. Exit
-    status 1 when any answer fails."""
+    status 1 when any answer fails or cannot be checked."""
     from draftgen.audit import audit_run, render_report
     from draftgen.audit.quarantine import quarantine as move_failing
     from draftgen.store.shards import live_parts, run_parts

@@ -92,6 +92,8 @@ class AuditReport:
     workers: int = 1
     trajectories: dict[str, TrajectoryAudit] = field(default_factory=dict)
     """Per `turns: all` dataset: its conversations as trajectories (`audit.trajectory`)."""
+    unchecked: int = 0
+    """Answers counted but not checked: their session's tokenizer or format cannot be had."""
 
     @property
     def answers(self) -> int:
@@ -104,7 +106,8 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        return self.failing == 0
+        """Every answer checked, and none failing."""
+        return self.failing == 0 and self.unchecked == 0
 
     @property
     def sharded(self) -> bool:
@@ -171,6 +174,7 @@ class AuditReport:
             "format": self.format,
             "answers": self.answers,
             "failing": self.failing,
+            "unchecked": self.unchecked,
             "checks": {code: {"failed": self.problems.get(code, 0),
                               "examples": self.examples.get(code, []),
                               "meaning": meaning}
@@ -199,8 +203,7 @@ def render_report(report: AuditReport, console: Any) -> None:
 
     from draftgen.printable import for_console
 
-    verdict = "[bold green]all answers pass[/]" if report.ok else (
-        f"[bold red]{report.failing:,} failing line(s)[/]")
+    verdict = _verdict(report)
     console.print(f"[bold]{report.root}[/] · {report.answers:,} answers audited against "
                   f"format {report.format} ({report.tokenizer}) in {report.seconds:.1f}s · "
                   f"{verdict}", highlight=False)
@@ -239,6 +242,19 @@ def render_report(report: AuditReport, console: Any) -> None:
         console.print(_folders_table(report))
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def _verdict(report: AuditReport) -> str:
+    """"all answers pass" only where every answer was checked."""
+    unchecked = (f"[bold yellow]{report.unchecked:,} answer(s) not checked[/]"
+                 if report.unchecked else "")
+    if report.failing:
+        return " · ".join(filter(None, [f"[bold red]{report.failing:,} failing line(s)[/]",
+                                        unchecked]))
+    if unchecked:
+        checked = report.answers - report.unchecked
+        return f"{unchecked} · the {checked:,} checked pass"
+    return "[bold green]all answers pass[/]"
 
 
 def _folders_table(report: AuditReport) -> Any:

@@ -43,7 +43,7 @@ from draftgen.errors import DraftgenError
 from draftgen.formats import FormatError
 from draftgen.formats.trajectory import trajectory_datasets
 from draftgen.store.reader import Run, RunFolder, RunOpenError, Snapshot
-from draftgen.store.runinfo import SETTINGS, session_settings
+from draftgen.store.runinfo import SETTINGS, kept_tokenizer, session_settings, tokenizer_source
 from draftgen.tokenize import TokenizerError
 
 CHUNK_RECORDS = 256
@@ -56,8 +56,10 @@ class AuditError(DraftgenError):
     """The run cannot be audited (not a run, no tokenizer, unknown format)."""
 
 
-def format_spec(run_json: dict[str, Any], tokenizer: Path | None = None) -> FormatSpec:
-    """The tokenizer, format and routing the run used, from run.json's stored config."""
+def format_spec(run_json: dict[str, Any], tokenizer: Path | None = None,
+                root: Path | None = None) -> FormatSpec:
+    """The tokenizer, format and routing the run used, from run.json's stored config; the
+    tokenizer is the run folder's copy of it (`root`) where one is kept."""
     config = run_json.get("config") if isinstance(run_json.get("config"), dict) else {}
     model = config.get("model") if isinstance(config.get("model"), dict) else {}
     name = model.get("format")
@@ -65,7 +67,8 @@ def format_spec(run_json: dict[str, Any], tokenizer: Path | None = None) -> Form
         raise AuditError("run.json names no model format (config.model.format): cannot audit")
     path = str(tokenizer) if tokenizer else None
     stored = run_json.get("tokenizer") if isinstance(run_json.get("tokenizer"), dict) else {}
-    for candidate in (stored.get("path"), model.get("tokenizer")):
+    kept = kept_tokenizer(root, stored.get("sha256")) if root is not None else None
+    for candidate in (kept and str(kept), stored.get("path"), model.get("tokenizer")):
         if path is None and isinstance(candidate, str) and candidate:
             path = resolve_builtin(candidate)
     if path is None:
@@ -167,7 +170,7 @@ def _folders(root: Path) -> list[RunFolder]:
 
 def _run_spec(folders: list[RunFolder], tokenizer: Path | None) -> FormatSpec:
     """The tokenizer and format every folder used; their routing rules together."""
-    specs = [format_spec(f.run_json, tokenizer) for f in folders]
+    specs = [format_spec(f.run_json, tokenizer, f.root) for f in folders]
     first = specs[0]
     sha = _tokenizer_sha(folders[0].run_json)
     for f, spec in zip(folders[1:], specs[1:], strict=True):
@@ -185,9 +188,10 @@ def _run_spec(folders: list[RunFolder], tokenizer: Path | None) -> FormatSpec:
 def _session_judges(folders: list[RunFolder], judges: Judges, tokenizer: Path | None
                     ) -> tuple[dict[Path, tuple[str, ...]], list[str]]:
     """Per folder, the judge of each of its sessions (`Chunk.judges`): the run's own where a
-    session's format, options and tokenizer hash are its last session's (whatever the file at
-    the tokenizer's path is now: `_tokenizer_note` tells), else the session's own, added to
-    `judges`; and notes on sessions whose settings cannot be had."""
+    session's format, options and tokenizer hash are those of the run's tokenizer as loaded,
+    else the session's own (its tokenizer from the run folder's copy, or where it was, if its
+    hash is still the one recorded), added to `judges`; and notes on sessions whose settings
+    cannot be had (their answers are counted as not checked)."""
     main = judges.specs.main
     out: dict[Path, tuple[str, ...]] = {}
     notes: list[str] = []
@@ -195,14 +199,14 @@ def _session_judges(folders: list[RunFolder], judges: Judges, tokenizer: Path | 
         sessions = f.run_json.get("sessions") or []
         if not any(isinstance(s, dict) and SETTINGS in s for s in sessions):
             continue  # written before sessions recorded settings: all judged as the run's
-        latest_sha = (session_settings(f.run_json) or {}).get("tokenizer.sha256")
+        main_sha = None if tokenizer else judges.main.tokenizer.sha256
         keys = []
         for i in range(len(sessions)):
             settings = session_settings(f.run_json, i) or {}
-            spec = _settings_spec(settings, main, tokenizer)
+            spec = _settings_spec(settings, main, tokenizer, f.root)
             sha = None if tokenizer else settings.get("tokenizer.sha256")
             if (spec.format, spec.options) == (main.format, main.options) and (
-                    sha in (None, latest_sha)):
+                    sha in (None, main_sha)):
                 keys.append("")
                 continue
             key = orjson.dumps([spec.tokenizer, sha, spec.format, spec.options],
@@ -218,9 +222,10 @@ def _session_judges(folders: list[RunFolder], judges: Judges, tokenizer: Path | 
     return out, notes
 
 
-def _settings_spec(settings: dict[str, Any], main: FormatSpec, tokenizer: Path | None
-                   ) -> FormatSpec:
-    """A session's format, format options and tokenizer, from its recorded settings."""
+def _settings_spec(settings: dict[str, Any], main: FormatSpec, tokenizer: Path | None,
+                   root: Path) -> FormatSpec:
+    """A session's format, format options and tokenizer, from its recorded settings (the
+    tokenizer: the copy the run folder `root` keeps of it, else where it was)."""
     prefix = "model.format_options."
     options: dict[str, Any] = {}
     for key, value in settings.items():
@@ -230,7 +235,8 @@ def _settings_spec(settings: dict[str, Any], main: FormatSpec, tokenizer: Path |
             for name in parents:
                 node = node.setdefault(name, {})
             node[leaf] = value
-    path = str(tokenizer) if tokenizer else settings.get("tokenizer.path") or main.tokenizer
+    path = str(tokenizer) if tokenizer else tokenizer_source(
+        root, settings.get("tokenizer.sha256"), settings.get("tokenizer.path")) or main.tokenizer
     return FormatSpec(resolve_builtin(str(path)), str(settings.get("model.format") or main.format),
                       options, main.routing)
 
@@ -305,6 +311,7 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
     if report.live:
         report.notes.append("a draftgen run is live on this folder: audited the answers present "
                             "when the audit started")
+    report.unchecked = unjudged
     if unjudged:
         report.notes.extend(session_notes)
         report.notes.append(f"{unjudged:,} answer(s) not checked: their session's tokenizer or "

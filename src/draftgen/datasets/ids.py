@@ -107,3 +107,10 @@ def _id_digest(row_id: str) -> bytes:
     return hashlib.blake2b(
         row_id.encode("utf-8", "surrogatepass"), digest_size=DIGEST_BYTES
     ).digest()
+
+
+def content_digest(messages: list[Message], tools: list[Tool] | None) -> bytes:
+    """What a prompt's content is, short: compared between a dataset row and the answer a run
+    stored for its ID (which keeps the messages and tools it was asked with) to tell a row
+    edited under a known ID. No tools and an empty tools list are the same content."""
+    return content_sha256(messages, tools or None)[:DIGEST_BYTES]

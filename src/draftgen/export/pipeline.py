@@ -144,7 +144,7 @@ def _tokenizer(source: RunSource, opts: ExportOptions) -> RunTokenizer:
                   or opts.format is ExportFormat.specforge)
     if not (needs_text or opts.checks):
         return RunTokenizer(None, None, "not needed")
-    return load_run_tokenizer(source, opts.tokenizer)
+    return load_run_tokenizer(source, opts.tokenizer, decodes=needs_text)
 
 
 def _notes(source: RunSource, opts: ExportOptions, tok: RunTokenizer) -> list[str]:

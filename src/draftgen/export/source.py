@@ -32,6 +32,7 @@ from draftgen.store.reader import (
     complete_lines,
 )
 from draftgen.store.record import Damaged, Record, read_record
+from draftgen.store.runinfo import kept_tokenizer, session_settings, tokenizer_source
 from draftgen.store.shards import RunPart, seen_earlier
 from draftgen.tokenize import Tokenizer, TokenizerError, load_tokenizer
 
@@ -277,20 +278,83 @@ def _format_options(run_json: dict[str, Any]) -> dict[str, Any]:
     return options if isinstance(options, dict) else {}
 
 
-def load_run_tokenizer(source: RunSource, override: Path | None = None) -> RunTokenizer:
-    """The tokenizer run.json names (or `override`) and the run's format, best effort."""
-    path = str(override) if override else source.tokenizer_path
+def load_run_tokenizer(source: RunSource, override: Path | None = None, *,
+                       decodes: bool = True) -> RunTokenizer:
+    """The tokenizer the run's answers were made with (`override` instead, where given) and the
+    run's format, best effort: each tokenizer hash the answering sessions recorded, loaded from
+    the run folder's copy (`store.runinfo.keep_tokenizer`) or from where it was while its file
+    there still has that hash. SourceError where sessions used different tokenizers and the
+    export `decodes` IDs (text, SpecForge), or checks stop tokens that differ between them:
+    one tokenizer for all would misread some answers."""
+    if override is not None:
+        return _run_tokenizer(source, str(override), None)
+    used = _answering_tokenizers(source)
+    if not used:
+        expected = (source.run_json.get("tokenizer") or {}).get("sha256")
+        return _run_tokenizer(source, source.tokenizer_path, expected)
+    loaded = {sha: _run_tokenizer(source, where, sha) for sha, where in used.items()}
+    if len(loaded) == 1:
+        return next(iter(loaded.values()))
+    shas = ", ".join(f"{sha[:12]}…" for sha in loaded)
+    mixed = (f"{source.root}: the run's sessions answered with {len(loaded)} different "
+             f"tokenizers (sha256 {shas}; accepted with --accept-changed-settings)")
+    if decodes:
+        raise SourceError(f"{mixed}: decoding every answer's IDs with one of them would give "
+                          "some rows the wrong text; export with --no-text (speculators), or "
+                          "pass --tokenizer PATH to decode all with that one")
+    tokens = {(t.stop_token_id, t.end_think_id) for t in loaded.values()}
+    last = list(loaded.values())[-1]
+    if len(tokens) > 1 and all(t.fmt is not None for t in loaded.values()):
+        raise SourceError(f"{mixed} whose stop or end-of-reasoning tokens differ: the "
+                          "stop-token checks cannot judge every answer with one; pass "
+                          "--no-checks, or --tokenizer PATH to check all with that one")
+    return last
+
+
+def _answering_tokenizers(source: RunSource) -> dict[str, str | None]:
+    """Each tokenizer hash a session that may have written answers recorded (one that wrote
+    none by its summary is left out), with where to load it: the run folder's copy, else the
+    path the session had it at."""
+    used: dict[str, str | None] = {}
+    for folder in source.folders:
+        for i, session in enumerate(folder.run_json.get("sessions") or []):
+            if not isinstance(session, dict) or not _may_have_answered(session):
+                continue
+            settings = session_settings(folder.run_json, i) or {}
+            sha = settings.get("tokenizer.sha256")
+            if not isinstance(sha, str):
+                continue
+            where = tokenizer_source(folder.root, sha, settings.get("tokenizer.path"))
+            if used.get(sha) is None or kept_tokenizer(folder.root, sha) is not None:
+                used[sha] = where
+    return used
+
+
+def _may_have_answered(session: dict[str, Any]) -> bool:
+    """Whether the session's summary leaves room for answers it wrote (a killed session has
+    no summary; answers it could not write are added by the next one, under its number)."""
+    summary = session.get("summary")
+    if not isinstance(summary, dict):
+        return True
+    return bool(summary.get("done_now") or summary.get("rescued")
+                or not isinstance(summary.get("done_now"), int))
+
+
+def _run_tokenizer(source: RunSource, path: str | None, sha256: Any) -> RunTokenizer:
+    """The tokenizer at `path` and the run's format; None where it cannot be loaded or its hash
+    is not `sha256` (the file at that path changed since the run, and no copy was kept)."""
     if not path:
         return RunTokenizer(None, None, "run.json names no tokenizer")
     try:
         tok = _cached_tokenizer(path)
     except TokenizerError as e:
         return RunTokenizer(None, None, str(e))
+    if isinstance(sha256, str) and sha256 != tok.sha256:
+        log.warning("%s: sha256 differs from the one the run recorded (the file changed since "
+                    "the run, and the run folder keeps no copy of the old one)", tok.path)
+        return RunTokenizer(None, None, f"{tok.path} is no longer the tokenizer the run used "
+                            f"(sha256 {sha256[:12]}…)")
     note = f"tokenizer {tok.path}"
-    expected = (source.run_json.get("tokenizer") or {}).get("sha256")
-    if override is None and expected and expected != tok.sha256:
-        note += " (its sha256 differs from the one in run.json: the file changed since the run)"
-        log.warning("%s: sha256 differs from run.json's; using it anyway", tok.path)
     fmt = None
     if source.format_name:
         try:

@@ -18,6 +18,7 @@ from draftgen.budget import Budget, is_cost
 from draftgen.config import ConfigError, RunConfig
 from draftgen.datasets import PromptTable
 from draftgen.progress import DatasetCounters, RunCounters
+from draftgen.run.changed import changed_prompts, read_answered, reask
 from draftgen.run.pending import Pending
 from draftgen.run.plan import DatasetPlan, Plan, warn_bad_rows
 from draftgen.run.trajectories import (
@@ -150,8 +151,12 @@ class ResumeScan:
     out of attempts and within its budget; count what is done and spent."""
 
     def __init__(self, plan: Plan, store: Store, budget: Budget, counters: RunCounters,
-                 session: int) -> None:
+                 session: int, *, reask_changed: bool = False) -> None:
         self.plan = plan
+        self.reask_changed = reask_changed
+        """Ask again the answered prompts whose row changed under the same ID (`run.changed`)."""
+        self.changed: dict[str, int] = {}
+        """Per dataset, the answered prompts found changed (re-asked with `reask_changed`)."""
         self.cfg = plan.cfg
         self.store = store
         self.budget = budget
@@ -171,6 +176,8 @@ class ResumeScan:
             ds.prompts.save_cache()
             warn_bad_rows(ds)
             theirs = done_elsewhere(elsewhere, ds.name) if elsewhere else None
+            if ds.conversations is None:
+                self._changed_prompts(ds)
             on_disk = self._scan_with_rescued(ds.name, rescued.records.pop(ds.name, []), theirs)
             done_here[ds.name] = on_disk.done
             done = on_disk.done | theirs if theirs else on_disk.done
@@ -192,11 +199,38 @@ class ResumeScan:
             if counters.done_before or counters.exhausted:
                 log.info("%s: resuming: %d done, %d out of attempts, %d to go", ds.name,
                          counters.done_before, counters.exhausted, len(queue))
+        if self.changed:
+            record_session(self.store.layout.run_json, self.session,
+                           changed_prompts=dict(self.changed),
+                           **({"reasked_changed": True} if self.reask_changed else {}))
         if elsewhere:
             self.budget.count_spend_elsewhere(elsewhere)
         self.ledger.add_spent(self._unsettled_before(done_here, killed, bills or {}))
         self._drop_rescue_files(rescued, {ds.name for ds in self.plan.datasets})
         return elsewhere
+
+    def _changed_prompts(self, ds: DatasetPlan) -> None:
+        """Count the answered prompts of the dataset whose row changed under the same ID; with
+        `reask_changed`, move their answers to quarantine.jsonl so that the scan queues them."""
+        layout = self.store.layout
+        if self.reask_changed:
+            scan_dataset(layout, ds.name)  # a kill's torn tail cut before lines are moved
+        answered = read_answered(layout.responses(ds.name))
+        changed = changed_prompts(ds.prompts, answered) if answered.digests else []
+        if not changed:
+            return
+        self.changed[ds.name] = len(changed)
+        shown = ", ".join(changed[:3]) + (", …" if len(changed) > 3 else "")
+        if self.reask_changed:
+            moved = reask(layout, ds.name, answered, changed)
+            log.warning("%s: %d answered prompts changed in the dataset since they were answered "
+                        "(same ID, other content: %s): their %d answers moved to "
+                        "quarantine.jsonl, asked again now", ds.name, len(changed), shown, moved)
+        else:
+            log.warning("%s: %d answered prompts changed in the dataset since they were answered "
+                        "(same ID, other content: %s): their answers are kept and count as done; "
+                        "pass --reask-changed to ask them again (the old answers are moved to "
+                        "quarantine.jsonl)", ds.name, len(changed), shown)
 
     def _scan_with_rescued(self, dataset: str, rescued: list[Record],
                            theirs: DoneIds | None) -> DatasetOnDisk:

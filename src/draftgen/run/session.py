@@ -61,10 +61,12 @@ log = logging.getLogger("draftgen")
 class Runner:
     def __init__(self, plan: Plan, *, live_display: bool | None = None,
                  probe: ProbeOptions | None = None, pool: BudgetPool | None = None,
-                 accept_changed_settings: bool = False) -> None:
+                 accept_changed_settings: bool = False, reask_changed: bool = False) -> None:
         self.plan = plan
         self.accept_changed_settings = accept_changed_settings
         """Resume even where the settings that define the data changed (`settings_changes`)."""
+        self.reask_changed = reask_changed
+        """Ask again answered prompts whose row changed under the same ID (`run.changed`)."""
         self.probe = probe
         """Probe the backends before the first request (`draftgen run` does; off by default)."""
         self.cfg = plan.cfg
@@ -105,7 +107,8 @@ class Runner:
 
     def _resume(self) -> None:
         """Queue every prompt not yet answered (`resume.ResumeScan`)."""
-        scan = ResumeScan(self.plan, self.store, self.budget, self.counters, self.session)
+        scan = ResumeScan(self.plan, self.store, self.budget, self.counters, self.session,
+                          reask_changed=self.reask_changed)
         self.elsewhere = scan.run(self.queues, self._killed, self._bills)
 
     async def _resolve_prices(self, backends: list[Backend]) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import platform
+import shutil
 import socket
 import sys
 import time
@@ -136,7 +138,84 @@ def start_session(path: Path, config: dict[str, Any], tokenizer: dict[str, Any],
         session["accepted_changes"] = accepted_changes
     sessions.append(session)
     write_atomic(path, data)
+    keep_tokenizer(path.parent, tokenizer)
     return len(sessions) - 1
+
+
+# ---- each session's tokenizer, kept in the run folder ---------------------------------------
+
+TOKENIZERS = ".tokenizers"
+"""RUN/.tokenizers/<sha256>/ (hidden: no dataset can be named so): a copy of each tokenizer a
+session of the run used (its tokenizer.json and the files beside it a format reads, such as
+tokenizer_config.json), so that audit and export decode every session's IDs with that
+session's tokenizer even after the file at its path changed."""
+KEPT_BESIDE = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+               "chat_template.json", "generation_config.json")
+KEEP_AT_MOST = 256 << 20
+"""A tokenizer file larger than this (a GGUF model file holds its vocabulary) is not copied."""
+
+
+def kept_tokenizer(root: Path, sha256: Any) -> Path | None:
+    """The run folder's copy of the tokenizer.json whose hash is `sha256`, if it keeps one."""
+    if not isinstance(sha256, str) or not sha256.isalnum():
+        return None
+    path = root / TOKENIZERS / sha256 / "tokenizer.json"
+    return path if path.is_file() else None
+
+
+def tokenizer_source(root: Path, sha256: Any, path: Any) -> str | None:
+    """Where the tokenizer with hash `sha256` that a session of the run folder `root` used can
+    be loaded: the folder's copy, else the path it was at (which may hold another file now:
+    the caller compares hashes)."""
+    kept = kept_tokenizer(root, sha256)
+    return str(kept) if kept else (path if isinstance(path, str) and path else None)
+
+
+def keep_tokenizer(root: Path, tokenizer: dict[str, Any]) -> Path | None:
+    """Copy a session's tokenizer.json (`tokenizer`: its path and sha256) and the format files
+    beside it into RUN/.tokenizers/<sha256>/, once: an existing copy is never replaced. Not
+    kept (logged): a tokenizer that is not a single JSON file (a GGUF model, a transformers
+    folder without tokenizer.json) or whose file no longer has the hash."""
+    sha, source = tokenizer.get("sha256"), tokenizer.get("path")
+    if not isinstance(sha, str) or not isinstance(source, str):
+        return None
+    kept = kept_tokenizer(root, sha)
+    if kept is not None:
+        return kept
+    src = Path(source)
+    try:
+        if not src.is_file() or src.suffix != ".json" or src.stat().st_size > KEEP_AT_MOST:
+            log.info("%s: not a tokenizer.json file: no copy kept in the run folder (audit and "
+                     "export read it where it is)", src)
+            return None
+        data = src.read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha:
+            log.warning("%s: changed while the run started: no copy kept", src)
+            return None
+        return _write_kept(root / TOKENIZERS, sha, data, src.parent)
+    except OSError as e:
+        log.warning("%s: cannot keep a copy of the tokenizer in the run folder (%s); audit and "
+                    "export need the file unchanged at its path", src, e.strerror or e)
+        return None
+
+
+def _write_kept(folder: Path, sha: str, data: bytes, beside: Path) -> Path:
+    """Write the copy in a folder of its own, renamed into place whole."""
+    partial = folder / f".{sha}.{os.getpid()}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        (partial / "tokenizer.json").write_bytes(data)
+        for name in KEPT_BESIDE:
+            if (beside / name).is_file():
+                shutil.copyfile(beside / name, partial / name)
+        os.rename(partial, folder / sha)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if (folder / sha / "tokenizer.json").is_file():  # kept meanwhile
+            return folder / sha / "tokenizer.json"
+        raise
+    return folder / sha / "tokenizer.json"
 
 
 # ---- the settings that define the data ------------------------------------------------------
