@@ -28,6 +28,7 @@ from draftgen.export.pipeline import export_run
 from draftgen.export.source import SourceError
 from draftgen.run import Runner, prepare
 from draftgen.run.state import Outcome
+from draftgen.status import collect_status
 from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer, load_tokenizer
 from tests.e2e_helpers import fast_backend, read_records, write_config
@@ -196,6 +197,7 @@ def test_a_row_edited_under_its_id_is_noticed_and_asked_again_on_request(
     case.note(f"resume: `{said[said.find('d: 2'):][:140]}`")
     assert "d: 2 answered prompts changed" in said and "--reask-changed" in said, said
     assert fx.sessions()[1]["changed_prompts"] == {"d": 2}
+    assert collect_status(fx.run_dir).changed_prompts == 2
     before = read_records(fx.run_dir, "d")
     assert len(before) == ANSWERS, "nothing asked again without --reask-changed"
 

@@ -54,10 +54,14 @@ class PromptTable:
 
     def __init__(self, name: str, index: PromptIndex, loader: Loader,
                  positions: np.ndarray | None = None,
-                 cache_writer: Callable[[], None] | None = None) -> None:
+                 cache_writer: Callable[[], None] | None = None,
+                 from_cache: bool = False) -> None:
         self.name = name
         self._index = index
         self._loader = loader
+        self.from_cache = from_cache
+        """Read through a prompt cache written by an earlier session for the same files and
+        options: no row changed since (a changed file is read in full)."""
         self._cache_writer = cache_writer
         self.positions = (np.arange(len(index), dtype=np.int64) if positions is None
                           else positions)
@@ -94,7 +98,7 @@ class PromptTable:
     def where(self, keep: np.ndarray) -> PromptTable:
         """The table of the rows where the bool array `keep` is true."""
         return PromptTable(self.name, self._index, self._loader, self.positions[keep],
-                           self._cache_writer)
+                           self._cache_writer, self.from_cache)
 
     def save_cache(self) -> None:
         """Write the prompt cache that this full read of the dataset has built, if any. Left
@@ -126,7 +130,7 @@ def load_prompt_table(cfg: DatasetConfig, cache_path: Path | None = None
         index, stats = cached
         loader = JsonlRowLoader(cfg, index, cache_path)
         if _rows_still_match(loader, len(index)):
-            return PromptTable(cfg.name, index, loader), stats
+            return PromptTable(cfg.name, index, loader, from_cache=True), stats
     prompts, index, stats = _read_located(cfg, files)
     unchanged = cache_key(cfg, files) == key  # not written to while it was read
     writer = partial(write_cache, cache_path, key, index, stats) if unchanged else None

@@ -176,8 +176,8 @@ class ResumeScan:
             ds.prompts.save_cache()
             warn_bad_rows(ds)
             theirs = done_elsewhere(elsewhere, ds.name) if elsewhere else None
-            if ds.conversations is None:
-                self._changed_prompts(ds)
+            if ds.conversations is None and (self.reask_changed or not ds.prompts.from_cache):
+                self._changed_prompts(ds)  # a dataset read from its cache did not change
             on_disk = self._scan_with_rescued(ds.name, rescued.records.pop(ds.name, []), theirs)
             done_here[ds.name] = on_disk.done
             done = on_disk.done | theirs if theirs else on_disk.done

@@ -132,12 +132,22 @@ def folder_status(f: FolderAnswers, answered: dict[str, np.ndarray], now: float)
         datasets=f.datasets, total=total, journal=journal,
         unsettled_usd=sum(map(session_unsettled_usd, sessions)),
         probe_usd=sum(map(session_probe_usd, sessions)),
+        changed_prompts=_changed_left(sessions[-1] if sessions else None),
         cost_reports_refused=sum(map(_reports_refused, sessions)),
         rescued=len(rescued), rescue_files=[str(p) for p in rescued.files],
         rescue_error=rescue_error,
     )
     status.notes = run_notes(status, journal)
     return status
+
+
+def _changed_left(session: Any) -> int:
+    """Changed prompts the session found and did not ask again."""
+    if not isinstance(session, dict) or session.get("reasked_changed"):
+        return 0
+    changed = session.get("changed_prompts")
+    return sum(n for n in changed.values() if isinstance(n, int)) if isinstance(
+        changed, dict) else 0
 
 
 def _reports_refused(session: Any) -> int:

@@ -176,6 +176,9 @@ class RunStatus:
     number: counted at their worst case), as the sessions recorded them."""
     probe_usd: float = 0.0
     """What the sessions' probe requests counted for against budget.usd."""
+    changed_prompts: int = 0
+    """Answered prompts whose dataset row changed under the same ID, as the last session
+    found them (and left in place unless it re-asked them)."""
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -195,6 +198,7 @@ class RunStatus:
             "unsettled_usd": round(self.unsettled_usd, 6),
             "cost_reports_refused": self.cost_reports_refused,
             "probe_usd": round(self.probe_usd, 8),
+            "changed_prompts": self.changed_prompts,
             "rescued": self.rescued,
             "rescue_files": self.rescue_files,
             "notes": self.notes,

@@ -87,6 +87,10 @@ def _spend_notes(st: RunStatus) -> list[str]:
         notes.append(f"{st.cost_reports_refused:,} answers or billed failures reported a cost "
                      "that is no cost (negative, not a number): counted at their worst case "
                      "(cost_source worst_case_report_refused)")
+    if st.changed_prompts:
+        notes.append(f"{st.changed_prompts:,} answered prompts changed in their dataset since "
+                     "they were answered (same ID, other content): counted as done; `draftgen "
+                     "run --reask-changed` asks them again")
     if st.probe_usd:
         notes.append(f"${st.probe_usd:,.4f} spent by the probe's requests: not in the $ above; "
                      "counted as spent against budget.usd")
