@@ -13,9 +13,28 @@ import yaml
 from typer.testing import CliRunner
 
 from draftgen.cli import app
+from draftgen.config import DatasetConfig, SamplingChoice, load_config
+from draftgen.datasets.admission import LoadStats
+from draftgen.datasets.conversations import RESULTS_UNASKED, iter_conversations
+from draftgen.datasets.errors import DatasetError
+from draftgen.datasets.sampling_mix import choose
+from draftgen.formats import get_format
 from draftgen.formats.base import FormatError
 from draftgen.formats.chat_template import ChatTemplate, RenderLimits, TemplateDidNotFinish
-from tests.e2e_helpers import mixed_rows, write_config, write_jsonl
+from draftgen.run.trajectories import Formats, start_conversation
+from draftgen.store.record import Record, read_record
+from draftgen.testing.fake_engine import TestServer
+from draftgen.tokenize import Tokenizer
+from tests.e2e_helpers import (
+    WEATHER_TOOL,
+    fast_backend,
+    mixed_rows,
+    read_records,
+    run_config,
+    write_config,
+    write_jsonl,
+)
+from tests.test_run_trajectories import assistant, call, chat_rows, tool_result, tool_rows, user
 
 BAD_INPUT = "3. Bad input"
 CONCURRENCY = "6. Concurrency safety"
@@ -104,3 +123,102 @@ def test_a_runaway_template_is_stopped(quick_limits: None, source: str) -> None:
 def test_a_template_raising_python_errors_is_a_format_error() -> None:
     with pytest.raises(FormatError, match="ZeroDivisionError"):
         ChatTemplate("{{ 1 / 0 }}", {}).render([], None, add_generation_prompt=True)
+
+
+# ---- 13. turns: all conversations ------------------------------------------------------------
+
+
+def test_a_tool_result_before_any_call_is_a_bad_row(tmp_path: Path, reliability: Any) -> None:
+    case = reliability(BAD_INPUT, "turns: all: a tool result before any assistant tool call "
+                       "is a bad row naming its line; one after a turn that called nothing "
+                       "ends the conversation there")
+    rows = [
+        {"id": "orphan", "messages": [user("Weather?"), tool_result("sunny"), assistant("ok")]},
+        {"id": "late", "messages": [user("A"), assistant("a"), user("B"), tool_result("sunny"),
+                                    assistant("b")]},
+        {"id": "good", "tools": [WEATHER_TOOL], "messages": [
+            user("Weather?"), assistant("", [call("Paris")]), tool_result("sunny"),
+            assistant("Sunny.")]},
+    ]
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    stats = LoadStats()
+    plans = {p.id.split("/")[-1]: p for p in iter_conversations(
+        DatasetConfig(name="chat", path=str(data), turns="all"), stats)}
+    case.runs = 1
+    case.note(f"bad rows: {[(b.source, b.reason) for b in stats.examples]}; "
+              f"plans: {sorted(plans)}")
+    assert stats.bad_rows == 1, stats
+    [bad] = stats.examples
+    assert bad.source == f"{data}:1"
+    assert "tool result" in bad.reason and "before any assistant turn called a tool" in \
+        bad.reason
+    assert sorted(plans) == ["good", "late"]
+    assert len(plans["late"].turns) == 1 and plans["late"].ends_early == RESULTS_UNASKED
+    assert len(plans["good"].turns) == 2 and plans["good"].ends_early is None
+
+
+def test_tool_calls_returned_as_text_are_recognised(tmp_path: Path, qwen3_dir: Path,
+                                                    qwen3_tok: Tokenizer,
+                                                    reliability: Any) -> None:
+    case = reliability(BAD_INPUT, "turns: all on a backend that returns tool calls as raw "
+                       "<tool_call> text (no tool parser): the format reads the call, the "
+                       "dataset's result is fed back, a resumed run reads it the same way")
+    data = write_jsonl(tmp_path / "tools.jsonl", tool_rows()[:1])  # the call the dataset made
+    with TestServer(tool_call_display="content", reasoning_tokens=(3, 8),
+                    content_tokens=(3, 8)) as server:
+        cfg = write_config(tmp_path, qwen3_dir, backends=[
+            fast_backend("engine", "vllm", server.url, concurrency=2)],
+            datasets=[{"name": "tools", "path": str(data), "turns": "all"}])
+        outcome = run_config(cfg)
+    records = sorted(read_records(tmp_path / "run", "tools"), key=lambda r: r["turn"])
+    case.runs = 1
+    case.note(f"ends: {[r['end'] for r in records]}; turn 0 content: "
+              f"{records[0]['content']!r}")
+    assert outcome.status == "completed", outcome.message
+    assert "<tool_call>" in records[0]["content"] and not records[0].get("tool_calls")
+    assert [r["end"] for r in records] == [None, "last_turn"]
+    fed = [m for m in records[1]["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in fed] == ["sunny"]
+    # a resumed run rebuilds the conversation from turn 0's record and reads the call again
+    run_cfg = load_config(cfg)
+    written = [_record(tmp_path / "run" / "tools" / "responses.jsonl", turn=0)]
+    [plan] = iter_conversations(run_cfg.datasets[0])
+    fmt = get_format("qwen3", qwen3_tok)
+    conversation = start_conversation(plan, run_cfg, Formats(run_cfg, fmt), written)
+    assert conversation.next_prompt().messages == records[1]["messages"]
+
+
+def _record(path: Path, turn: int) -> Record:
+    for line in path.read_bytes().splitlines(keepends=True):
+        record = read_record(line)
+        if isinstance(record, Record) and record.turn == turn:
+            return record
+    raise AssertionError(f"no turn {turn} in {path}")
+
+
+def test_weights_near_the_float_limit_still_mix(reliability: Any) -> None:
+    case = reliability(BAD_INPUT, "sampling_mix weights of 1e308: both choices drawn, no "
+                       "overflow to one choice for every conversation")
+    mix = [SamplingChoice(weight=1e308, temperature=0.2),
+           SamplingChoice(weight=1e308, temperature=0.9)]
+    drawn = [choose(mix, 7, f"chat/c{i}").temperature for i in range(2000)]
+    share = drawn.count(0.2) / len(drawn)
+    case.runs = 1
+    case.note(f"share of the first choice over 2,000 conversations: {share:.3f}")
+    assert 0.45 < share < 0.55
+
+
+def test_a_mix_max_tokens_over_the_datasets_budget_is_refused(tmp_path: Path,
+                                                              reliability: Any) -> None:
+    case = reliability(BAD_INPUT, "sampling_mix max_tokens: 100000000 over the dataset's "
+                       "max_output_tokens: refused before anything is sent, naming the key")
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(2))
+    dataset = DatasetConfig(name="chat", path=str(data), turns="all", max_output_tokens=100_000,
+                            sampling_mix=[SamplingChoice(weight=1),
+                                          SamplingChoice(weight=1, max_tokens=100_000_000)])
+    case.runs = 1
+    with pytest.raises(DatasetError) as refused:
+        list(iter_conversations(dataset))
+    case.note(str(refused.value))
+    assert "datasets[chat].sampling_mix[1].max_tokens" in str(refused.value)
+    assert "max_output_tokens (100,000)" in str(refused.value)
