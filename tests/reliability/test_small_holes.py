@@ -4,6 +4,8 @@ Concurrency safety). Each is met with one clear line, never a hang or a tracebac
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from draftgen.datasets.admission import LoadStats
 from draftgen.datasets.conversations import RESULTS_UNASKED, iter_conversations
 from draftgen.datasets.errors import DatasetError
 from draftgen.datasets.sampling_mix import choose
+from draftgen.export import pipeline
+from draftgen.export.options import ExportError, ExportFormat, ExportOptions
 from draftgen.formats import get_format
 from draftgen.formats.base import FormatError
 from draftgen.formats.chat_template import ChatTemplate, RenderLimits, TemplateDidNotFinish
@@ -34,6 +38,7 @@ from tests.e2e_helpers import (
     write_config,
     write_jsonl,
 )
+from tests.test_export import write_run
 from tests.test_run_trajectories import assistant, call, chat_rows, tool_result, tool_rows, user
 
 BAD_INPUT = "3. Bad input"
@@ -222,3 +227,68 @@ def test_a_mix_max_tokens_over_the_datasets_budget_is_refused(tmp_path: Path,
     case.note(str(refused.value))
     assert "datasets[chat].sampling_mix[1].max_tokens" in str(refused.value)
     assert "max_output_tokens (100,000)" in str(refused.value)
+
+
+# ---- 14. exports to one --out -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported_run(tmp_path_factory: pytest.TempPathFactory, qwen3_tok: Tokenizer) -> Path:
+    return write_run(tmp_path_factory.mktemp("run"), qwen3_tok, {"chat": 30, "code": 20})
+
+
+def _parquet_rows(out: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.read_metadata(out / "data.parquet").num_rows)
+
+
+def test_a_second_export_to_the_same_out_fails_at_once(
+        exported_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        reliability: Any) -> None:
+    case = reliability(CONCURRENCY, "two `draftgen export`s to one --out at once: the second "
+                       "fails at once naming the first; the folder holds what the first "
+                       "reported")
+    out = tmp_path / "export"
+    write_rows = pipeline._write_rows
+    second: list[Any] = []
+
+    def write_then_export_again(*args: Any) -> None:
+        write_rows(*args)
+        if not second:  # while the first export is writing: the second, chat only
+            second.append(None)
+            second[0] = _invoke("export", str(exported_run), "--format", "parquet", "--out",
+                                str(out), "--dataset", "chat")
+
+    monkeypatch.setattr(pipeline, "_write_rows", write_then_export_again)
+    first = pipeline.export_run(exported_run, ExportOptions(format=ExportFormat.parquet,
+                                                            out=out))
+    [other] = second
+    case.runs = 2
+    case.note(f"first wrote {first.written()} rows; second: exit {other.exit_code}: "
+              f"{other.output.strip()}; the folder holds {_parquet_rows(out)} rows")
+    if other.exit_code == 0:
+        case.corrupt += 1  # a second success report the folder does not hold
+    assert other.exit_code == ExportError.exit_code, other.output
+    assert "another draftgen export is writing it" in other.output
+    assert f"pid {os.getpid()}" in other.output
+    assert _parquet_rows(out) == first.written() > 0
+    manifest = json.loads((out / pipeline.MANIFEST).read_text())
+    assert sum(manifest["written"].values()) == first.written()
+    assert not list(tmp_path.glob(".export.*"))  # no lock file or staging folder left
+
+
+def test_the_export_folder_follows_the_umask(exported_run: Path, tmp_path: Path,
+                                             reliability: Any) -> None:
+    case = reliability(CONCURRENCY, "the export folder is made with the umask's mode, not "
+                       "0700")
+    before = os.umask(0o022)
+    try:
+        pipeline.export_run(exported_run, ExportOptions(format=ExportFormat.parquet,
+                                                        out=tmp_path / "export"))
+    finally:
+        os.umask(before)
+    mode = (tmp_path / "export").stat().st_mode & 0o777
+    case.runs = 1
+    case.note(f"umask 022: folder mode {mode:o}")
+    assert mode == 0o755
