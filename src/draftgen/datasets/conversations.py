@@ -8,9 +8,11 @@ ends with a question or with tool results the target must answer). The target's 
 replace the expected messages as the run goes (`formats.trajectory`).
 
 Rows are read as for prompts (every schema of `schema`, system field, tools, IDs, duplicates,
-bad rows counted in `LoadStats`); a row without a user turn before its first assistant turn is
-a bad row naming its dataset. A plan stops early, saying why in `ends_early`, at an assistant
-turn whose tool calls the dataset does not answer: no later turn could follow it honestly.
+bad rows counted in `LoadStats`); a row without a user turn before its first assistant turn,
+or with a tool result before any assistant turn called a tool, is a bad row naming its dataset.
+A plan stops early, saying why in `ends_early`, at an assistant turn whose tool calls the
+dataset does not answer, or at tool results no tool call asked for: no later turn could follow
+it honestly.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from draftgen.datasets.errors import BadRowError, DatasetError
 from draftgen.datasets.ids import RowIdentity, row_identity
 from draftgen.datasets.readers import open_rows
 from draftgen.datasets.rowmap import mapped_stream
+from draftgen.datasets.sampling_mix import check_mix
 from draftgen.datasets.schema import require_object, whole_conversation_from_row
 from draftgen.types import Message, Prompt, Tool
 
@@ -60,10 +63,21 @@ class ConversationPlan:
 
 def plan_turns(messages: list[Message]) -> tuple[list[PlannedTurn], str | None]:
     """The model's turns in `messages` (a whole conversation, its first message not an
-    assistant one), and why they stop early, if they do."""
+    assistant one), and why they stop early, if they do. `BadRowError` for a tool result before
+    the first assistant turn: there is no turn to keep."""
     turns: list[PlannedTurn] = []
     context: list[Message] = []
+    after_calls = False  # the last message other than a tool result called tools
     for i, m in enumerate(messages):
+        if m["role"] == "tool" and not after_calls:  # a result nobody asked for
+            if not turns:
+                call_id = m.get("tool_call_id")
+                named = f" (tool_call_id {call_id!r})" if isinstance(call_id, str) else ""
+                raise BadRowError(f"a tool result{named} comes before any assistant turn "
+                                  "called a tool")
+            return turns, RESULTS_UNASKED
+        if m["role"] != "tool":
+            after_calls = m["role"] == "assistant" and bool(m.get("tool_calls"))
         if m["role"] != "assistant":
             context.append(m)
             continue
@@ -98,11 +112,12 @@ def conversation_plan(row: Any, dataset: str, source: str
 def iter_conversations(cfg: DatasetConfig, stats: LoadStats | None = None
                        ) -> Iterator[ConversationPlan]:
     """The dataset's conversation plans (`turns: all`), at most `cfg.limit` of them; `stats`
-    counts conversations as prompts. `DatasetError` as for `iter_prompts`, and for a dataset
-    whose `turns` is not "all"."""
+    counts conversations as prompts. `DatasetError` as for `iter_prompts`, for a dataset
+    whose `turns` is not "all", and for a `sampling_mix` it cannot use (`check_mix`)."""
     if cfg.turns != "all":
         raise DatasetError(f"dataset {cfg.name!r}: conversation plans are read for turns: all, "
                            f"not turns: {cfg.turns}")
+    check_mix(cfg)
     stats = stats if stats is not None else LoadStats()
     rows = mapped_stream(open_rows(cfg.path, cfg.split, cfg.subset), cfg, stats)
 

@@ -11,16 +11,22 @@ Memory stays flat in the number of answers:
   records up to 256 GB of input and grows slowly past that.
 
 The export is written into a staging folder next to --out and moved into place when complete,
-so a failed export leaves no partial output.
+so a failed export leaves no partial output. The staging folder is made as any folder is (the
+umask decides who may read it): an export holds what the run folder holds, which is made the
+same way. For the whole export, a lock file next to --out (`.NAME.export-lock`, flocked) keeps
+a second export to the same --out out: it fails at once, naming the first one's pid.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import resource
+import secrets
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -61,6 +67,7 @@ from draftgen.export.writers import (
     TrajectorySink,
 )
 from draftgen.formats.trajectory import trajectory_datasets
+from draftgen.store.lock import read_lock_info
 from draftgen.store.record import Record, decode_record, encode_record
 from draftgen.store.runinfo import SETTINGS, changed_settings
 from draftgen.store.shards import run_folder_at_or_above, run_folder_below
@@ -100,25 +107,28 @@ def export_run(run_dir: Path, opts: ExportOptions) -> ExportSummary:
     summary.tallies = {d: DatasetTally() for d in datasets}
     summary.notes = _notes(source, opts, tok)
     selector = Selector(opts, tok.stop_token_id)
-    staging = _staging_dir(opts)
-    try:
-        if opts.caps:
-            selector.thresholds = _cap_thresholds(source, datasets, selector, opts.caps)
-        sink = _make_sink(opts, staging, source, tok, run_dir)
-        picks = _picks(source, datasets, selector, summary)
-        rows = (_sorted_by_key(picks, source, datasets, opts, staging) if opts.shuffle else picks)
-        _write_rows(rows, sink, opts, summary)
-        summary.files = [opts.out / p.relative_to(staging) for p in sink.close()]
-        summary.notes += sink.notes()
-        summary.seconds = time.monotonic() - started
-        _write_manifest(staging, run_dir, summary)
-        _move_into_place(staging, opts)
-    except BrokenRow as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ExportError(f"broken row, nothing written: {e}") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    _check_out(opts.out)
+    with _export_lock(opts.out):
+        staging = _staging_dir(opts)
+        try:
+            if opts.caps:
+                selector.thresholds = _cap_thresholds(source, datasets, selector, opts.caps)
+            sink = _make_sink(opts, staging, source, tok, run_dir)
+            picks = _picks(source, datasets, selector, summary)
+            rows = (_sorted_by_key(picks, source, datasets, opts, staging) if opts.shuffle
+                    else picks)
+            _write_rows(rows, sink, opts, summary)
+            summary.files = [opts.out / p.relative_to(staging) for p in sink.close()]
+            summary.notes += sink.notes()
+            summary.seconds = time.monotonic() - started
+            _write_manifest(staging, run_dir, summary)
+            _move_into_place(staging, opts)
+        except BrokenRow as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ExportError(f"broken row, nothing written: {e}") from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return summary
 
 
@@ -182,18 +192,72 @@ def _settings_differ(source: RunSource) -> bool:
     return any(changed_settings(recorded[0], other) for other in recorded[1:])
 
 
-def _staging_dir(opts: ExportOptions) -> Path:
-    out = opts.out
+def _check_out(out: Path) -> None:
+    """--out names a folder outside any run folder (checked before its lock file is made)."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out}: exists and is not a folder")
     _refuse_run_folders(out)
+
+
+@contextlib.contextmanager
+def _export_lock(out: Path) -> Iterator[None]:
+    """An exclusive flock on `.NAME.export-lock` next to --out while the export runs; a second
+    export to the same --out fails at once. The file is removed on release; one removed (or
+    replaced) between our open and our flock is opened again, so two exports never hold locks
+    on two different files."""
+    path = out.parent / f".{out.name}.export-lock"
+    while True:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ExportError(f"--out {out}: cannot make its lock file {path}: "
+                              f"{e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = read_lock_info(path)
+            raise ExportError(
+                f"--out {out}: another draftgen export is writing it (pid "
+                f"{holder.get('pid', '?')} on {holder.get('host', '?')}); wait for it to "
+                "finish or choose another --out") from None
+        if _same_file(fd, path):
+            break
+        os.close(fd)
+    try:
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+        with contextlib.suppress(OSError):  # the flock is what counts
+            os.pwrite(fd, orjson.dumps(info), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)  # releases the flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _staging_dir(opts: ExportOptions) -> Path:
+    """A new folder next to --out, made with the umask's mode (tempfile's are 0700). Checks
+    --out's contents first: the caller holds the --out lock, so they cannot change."""
+    out = opts.out
     if out.is_dir() and any(out.iterdir()):
         if not opts.overwrite:
             raise ExportError(f"--out {out}: folder is not empty (pass --overwrite to replace "
                               "it)")
         _refuse_replacing(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    while True:
+        staging = out.parent / f".{out.name}.staging-{secrets.token_hex(4)}"
+        with contextlib.suppress(FileExistsError):
+            staging.mkdir()
+            return staging
 
 
 def _refuse_run_folders(out: Path) -> None:

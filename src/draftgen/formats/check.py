@@ -6,7 +6,9 @@ is set to (`thinking` and `enable_thinking`, the names templates read); both tex
 with the run's tokenizer and compared token by token. Sample conversations cover the layouts
 a format can get wrong (system prompt, multi-turn history, tools, a tool call and its result);
 the user's dataset rows, tools included, are compared too. A difference is shown at its first
-token, as IDs and as text, so that a user sees it before paying for a run.
+token, as IDs and as text, so that a user sees it before paying for a run. A template that does
+not finish (`TemplateDidNotFinish`) stops the check with its one line rather than being tried
+on every conversation.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftgen.formats.base import Format, FormatError
-from draftgen.formats.chat_template import ChatTemplate, ChatTemplateFormat, tokenizer_folder
+from draftgen.formats.chat_template import (
+    ChatTemplate,
+    ChatTemplateFormat,
+    TemplateDidNotFinish,
+    tokenizer_folder,
+)
 from draftgen.types import Message, Prompt, Tool
 
 _CONTEXT_TOKENS = 6
@@ -97,12 +104,16 @@ def compare(fmt: Format, template: ChatTemplate, label: str, messages: Sequence[
     out = Comparison(label)
     try:
         ours = fmt.prompt_text(messages, tools)
+    except TemplateDidNotFinish:
+        raise
     except FormatError as e:
         out.error = f"draftgen cannot render it: {e}"
         return out
     try:
         theirs = template.render(messages, tools, add_generation_prompt=True,
                                  **template_kwargs(fmt))
+    except TemplateDidNotFinish:
+        raise
     except FormatError as e:
         out.error = f"the model's template cannot render it: {e}"
         return out
@@ -150,11 +161,11 @@ def disagreement_warning(fmt: Format) -> str | None:
     `run --dry-run` and `probe` print, cheaply, before money is spent."""
     try:
         template = model_template(fmt)
+        if template is None:
+            return None
+        differing = [c for c in compare_samples(fmt, template) if not c.identical]
     except FormatError as e:
-        return f"the model's chat template cannot be read: {e}"
-    if template is None:
-        return None
-    differing = [c for c in compare_samples(fmt, template) if not c.identical]
+        return f"the model's chat template cannot be checked: {e}"
     if not differing:
         return None
     first = differing[0]

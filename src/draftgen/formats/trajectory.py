@@ -14,6 +14,9 @@ Three pieces the run calls, turn by turn:
   The dataset's tool results after an assistant turn answer the calls the dataset's turn made;
   they are fed back only when the target made the same calls (names, and arguments compared as
   parsed JSON, in order). Otherwise the trajectory ends there: nothing is ever fabricated.
+  The target's calls are the backend's structured `tool_calls`, or, where it returned none (an
+  engine without a tool-call parser leaves Qwen3's `<tool_call>{json}</tool_call>` in the
+  content), those the format reads in the answer's tokens (`with_calls_read`).
 - `trajectory_layout`: the token layout of the whole trajectory. Where the template keeps the
   history's tokens intact (prompt_k + output_k is a prefix of prompt_k+1), the turns share one
   `input_ids` + `loss_mask`, the mask 1 on exactly the sampled tokens; where it does not
@@ -24,7 +27,7 @@ Three pieces the run calls, turn by turn:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from draftgen.errors import DraftgenError
@@ -97,6 +100,20 @@ class TurnAnswer:
         if self.tool_calls:
             message["tool_calls"] = list(self.tool_calls)
         return message
+
+
+def with_calls_read(fmt: Format, answer: TurnAnswer) -> TurnAnswer:
+    """The answer with the tool calls its tokens hold where the backend returned them as text
+    (no structured `tool_calls`): the format parses the answer as the model wrote it, and its
+    reasoning, content and calls replace the backend's split. An answer with structured calls,
+    or in whose text the format finds none, is returned as it is."""
+    if answer.tool_calls or not answer.content or not answer.output_ids:
+        return answer
+    parsed = fmt.parse_answer_text(fmt.tokenizer.text_of(answer.output_ids))
+    if not parsed.tool_calls:
+        return answer
+    return replace(answer, reasoning=parsed.reasoning, content=parsed.content,
+                   tool_calls=list(parsed.tool_calls))
 
 
 # ---- the tool-result rule ---------------------------------------------------------------------

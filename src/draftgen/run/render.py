@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 from draftgen.formats import Format, FormatError
+from draftgen.formats.chat_template import TemplateDidNotFinish
 from draftgen.types import Prompt
 
 
 def render_each(fmt: Format, prompts: list[Prompt]) -> list[list[int] | FormatError]:
-    """Prompt IDs for a batch; a prompt the format refuses gets its FormatError instead."""
+    """Prompt IDs for a batch; a prompt the format refuses gets its FormatError instead. A
+    chat template that does not finish is raised: it would not finish on any prompt."""
     try:
         return list(fmt.render_prompts(prompts))
+    except TemplateDidNotFinish:
+        raise
     except FormatError:
         pass
     out: list[list[int] | FormatError] = []
     for prompt in prompts:
         try:
             out.append(fmt.render_prompt(prompt.messages, prompt.tools))
+        except TemplateDidNotFinish:
+            raise
         except FormatError as e:
             out.append(FormatError(f"{prompt.source or prompt.id}: {e}"))
     return out

@@ -21,7 +21,7 @@ from draftgen.config import RunConfig, SamplingConfig
 from draftgen.datasets.conversations import ConversationPlan
 from draftgen.datasets.sampling_mix import sampling_for
 from draftgen.formats import Format, get_format
-from draftgen.formats.trajectory import TurnAnswer, end_after, turn_messages
+from draftgen.formats.trajectory import TurnAnswer, end_after, turn_messages, with_calls_read
 from draftgen.store import RunLayout
 from draftgen.store.record import Record, read_record
 from draftgen.types import Prompt, RawAnswer, Rebuilt
@@ -85,7 +85,8 @@ class Conversation:
         answer as later turns' history will hold it."""
         k = self.turn
         turns = self.plan.turns
-        answer = TurnAnswer.from_rebuilt(rebuilt, finished=raw.finish_reason != "length")
+        answer = with_calls_read(self.fmt, TurnAnswer.from_rebuilt(
+            rebuilt, finished=raw.finish_reason != "length"))
         record.conversation = self.plan.id
         record.turn = k
         record.end = end_after(turns[k], answer, turns[k + 1] if k + 1 < len(turns) else None)
@@ -136,10 +137,12 @@ def start_conversation(plan: ConversationPlan, cfg: RunConfig, formats: Formats,
     order)."""
     ds = next(d for d in cfg.datasets if d.name == plan.dataset)
     drawn = sampling_for(ds.sampling_mix, cfg.sampling.seed, plan.id)
-    answers = [TurnAnswer(r.reasoning, r.content, r.tool_calls, list(r.output_ids),
-                          finished=r.finish_reason != "length") for r in written]
-    return Conversation(plan, formats.for_draw(drawn), drawn,
-                        drawn_sampling(cfg.sampling, drawn), answers)
+    fmt = formats.for_draw(drawn)
+    answers = [with_calls_read(fmt, TurnAnswer(r.reasoning, r.content, r.tool_calls,
+                                               list(r.output_ids),
+                                               finished=r.finish_reason != "length"))
+               for r in written]
+    return Conversation(plan, fmt, drawn, drawn_sampling(cfg.sampling, drawn), answers)
 
 
 def is_done(written: Sequence[Record]) -> bool:
