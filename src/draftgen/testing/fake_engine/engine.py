@@ -198,7 +198,7 @@ class FakeEngine:
             limit = self.config.generate_default_max_new_tokens
         comp = await self._completion(fault, key, limit, params.stop_ids)
         payload = generate_json(
-            self.config, self.vocab, ctx, comp, limit, params.skip_special_tokens
+            self.config, self.vocab, ctx, comp, limit, params.skip_special_tokens, fault
         )
         return await self._send_json(request, payload, fault, ctx)
 
