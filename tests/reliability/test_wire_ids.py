@@ -204,22 +204,25 @@ HUGE_PROMPTS = 32
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize(("stream", "fault"), [(False, "huge_chunked"), (True, "huge_body")],
+                         ids=["json", "sse"])
 def test_answers_in_flight_hold_at_most_the_bound(tmp_path: Path, qwen3_dir: Path,
-                                                  reliability) -> None:
-    case = reliability(SCENARIO, f"{HUGE_PROMPTS} answers of {HUGE_MB} MB at once "
-                       f"(max_response_mb {CAP_MB}, max_in_flight_response_mb {BOUND_MB}): the "
-                       "process holds no more than the bound, each fails alone, the good "
-                       "answers are written")
+                                                  reliability, stream: bool, fault: str) -> None:
+    case = reliability(SCENARIO, f"{HUGE_PROMPTS} answers of {HUGE_MB} MB at once ({fault}, "
+                       f"{'SSE' if stream else 'JSON'}; max_response_mb {CAP_MB}, "
+                       f"max_in_flight_response_mb {BOUND_MB}): the process holds no more than "
+                       "the bound, each fails alone, the good answers are written")
     bad = [{"id": f"huge-{n}", "messages": [
-        {"role": "user", "content": f"Question {n} [[fault:huge_body]]"}]}
+        {"role": "user", "content": f"Question {n} [[fault:{fault}]]"}]}
         for n in range(HUGE_PROMPTS)]
     good = prompt_rows(10)
     data = write_jsonl(tmp_path / "d.jsonl", good + bad)
     with ServerProcess("--latency", "0.3", "--huge-body-mb", str(HUGE_MB),
                        "--reasoning-tokens", "5,30", "--content-tokens", "5,30") as server:
         cfg = write_config(tmp_path, qwen3_dir, backends=[
-            fast_backend("local", "openai", server.url, max_retries=6, concurrency=64,
-                         max_response_mb=CAP_MB, max_in_flight_response_mb=BOUND_MB)],
+            fast_backend("local", "openai", server.url, stream=stream, max_retries=6,
+                         concurrency=64, max_response_mb=CAP_MB,
+                         max_in_flight_response_mb=BOUND_MB)],
             datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": MAX_TOKENS})
         proc = subprocess.run([sys.executable, "-c", RSS_PROBE, "run", str(cfg), "--no-live",
                                *no_probe()], capture_output=True, text=True, timeout=240)
@@ -236,7 +239,7 @@ def test_answers_in_flight_hold_at_most_the_bound(tmp_path: Path, qwen3_dir: Pat
     case.corrupt = len(check.corrupt)
     case.note(f"exit {proc.returncode}; {len(answered)}/{len(good)} good answers written; "
               f"{len(failed)} huge ones failed as {kinds}; peak RSS {peak_mb:.0f} MB (without "
-              f"the bound: {HUGE_PROMPTS} × {CAP_MB} MB read at once)")
+              f"the bound: up to {HUGE_PROMPTS} × {CAP_MB} MB read at once)")
     assert proc.returncode == 0, said[-3000:]
     assert answered == {r["id"] for r in good}
     assert set(failed) == {r["id"] for r in bad}
@@ -252,7 +255,7 @@ def test_the_probes_answers_hold_at_most_the_bound(tmp_path: Path, qwen3_dir: Pa
     data = write_jsonl(tmp_path / "d.jsonl", prompt_rows(1))
     requests, _ = probe_requests(qwen3)
     with ServerProcess("--latency", "0.3", "--huge-body-mb", str(HUGE_MB),
-                       "--fault-rate", "huge_body=1") as server:
+                       "--fault-rate", "huge_chunked=1") as server:
         cfg = load_config(write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("b", "openai", server.url, max_retries=0, max_response_mb=CAP_MB,
                          max_in_flight_response_mb=BOUND_MB)],

@@ -243,7 +243,10 @@ class Backend(ABC):
         """Send one prompt (`_send`), its answer's bytes held against `answer_bytes` while it
         is read, and the IDs the engine reported checked (`check_engine_ids`)."""
         with self.answer_bytes.holding():
-            answer = await self._send(prompt, input_ids, max_tokens)
+            try:
+                answer = await self._send(prompt, input_ids, max_tokens)
+            except BackendError as e:
+                raise without_frames(e) from None
         check_engine_ids(answer, self.vocab_size, max_tokens)
         return answer
 
@@ -290,6 +293,14 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
         count.add(len(data))
         chunks.append(data)
     return b"".join(chunks)
+
+
+def without_frames(error: BackendError) -> BackendError:
+    """`error` without its traceback and the exceptions it was raised from: their frames hold
+    what the answer was being read into (a body's chunks up to `max_response_mb`), which would
+    stay alive as long as the error does (a request backing off, the probe keeping it)."""
+    error.__context__ = error.__cause__ = None
+    return error.with_traceback(None)
 
 
 def too_large(limit: int) -> BackendError:

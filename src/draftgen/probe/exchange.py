@@ -23,6 +23,7 @@ from draftgen.backends.base import (
     check_engine_ids,
     error_from_http,
     transport_error,
+    without_frames,
 )
 from draftgen.backends.openai_chat import OpenAIChatBackend, StreamAccumulator, answer_from_json
 from draftgen.formats import Format, FormatError
@@ -170,7 +171,10 @@ async def _once(backend: Backend, req: ProbeRequest, max_tokens: int
     wire: WireFields | None = None
     if isinstance(backend, OpenAIChatBackend):
         with backend.answer_bytes.holding():
-            raw, wire = await _chat_once(backend, req, max_tokens)
+            try:
+                raw, wire = await _chat_once(backend, req, max_tokens)
+            except BackendError as e:
+                raise without_frames(e) from None
     else:
         raw = await backend.send(req.prompt, req.input_ids, max_tokens)
     check_engine_ids(raw, req.vocab_size, max_tokens)

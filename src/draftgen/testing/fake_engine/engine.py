@@ -273,8 +273,9 @@ class FakeEngine:
             pieces = huge_pieces(data, self.config.huge_body_mb)
             data = b"".join([*map(gzip.compress, pieces), gzip.flush()])
             headers["Content-Encoding"] = "gzip"
-        if fault == "huge_body":
-            return await write_in_pieces(request, data, self.config.huge_body_mb, headers)
+        if fault in ("huge_body", "huge_chunked"):
+            return await write_in_pieces(request, data, self.config.huge_body_mb, headers,
+                                         declared=fault == "huge_body")
         if fault != "reset_stream":
             return web.Response(body=data, content_type="application/json", headers=headers)
         response = web.StreamResponse(headers=headers)
@@ -288,7 +289,7 @@ class FakeEngine:
     async def _stream(
         self, request: web.Request, reply: ChatReply, fault: str | None
     ) -> web.StreamResponse:
-        if fault in ("malformed", "gzip_bomb"):
+        if fault in ("malformed", "gzip_bomb", "huge_chunked"):
             return await self._send_json(request, reply.json(), fault, reply.ctx)
         response = web.StreamResponse(
             headers={"Cache-Control": "no-cache", "X-Generation-Id": reply.ctx.gen_id}

@@ -96,6 +96,8 @@ FAULT_KINDS: dict[str, str] = {
     "body sent in 1 MB writes, or a stream of 64 KB content deltas",
     "gzip_bomb": "HTTP 200, Content-Encoding gzip: a small body that inflates to a valid JSON "
     "answer of `huge_body_mb` MB (also for a stream request)",
+    "huge_chunked": "HTTP 200, the `huge_body` JSON answer sent chunked, without a declared "
+    "length, a megabyte a write (also for a stream request)",
     **{kind: f"HTTP 200, an answer whose engine IDs hold {json.dumps(values)}"
        for kind, values in BAD_IDS.items()},
     TOO_MANY_IDS: "HTTP 200, an answer whose engine IDs go on past the request's token limit "
@@ -104,9 +106,9 @@ FAULT_KINDS: dict[str, str] = {
 """Every fault kind, with its wire behaviour."""
 
 _DIRECTIVE = re.compile(r"\[\[fault:([A-Za-z0-9_]+)(?:\*(\d+))?\]\]")
-HUGE = frozenset({"huge_body", "gzip_bomb"})
+HUGE = frozenset({"huge_body", "gzip_bomb", "huge_chunked"})
 HUGE_MARK = b"@@huge content@@"
-"""Where a `huge_body` or `gzip_bomb` JSON answer puts its megabytes (its content's value)."""
+"""Where a `HUGE` JSON answer puts its megabytes (its content's value)."""
 
 
 def sent_ids(fault: str | None, ids: list[int], limit: int | None) -> list[Any]:
