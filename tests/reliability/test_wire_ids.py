@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from draftgen.backends import make_backend
+from draftgen.backends.base import engine_ids_problem
 from draftgen.config import load_config
 from draftgen.formats import Format, get_format
 from draftgen.probe import ProbeOptions
@@ -94,6 +95,24 @@ def _bad_records(records: list[dict[str, Any]], vocab_size: int) -> list[str]:
             or not all(type(t) is int and 0 <= t < vocab_size for t in r["output_ids"])]
 
 
+@pytest.mark.parametrize(("ids", "problem"), [
+    ([0, 9, 3], None),
+    ([9] * 5, None),  # max_tokens 4 and the stop token
+    ([9] * 6, "6 of them for max_tokens 4"),
+    ([0, 10], "[1] is 10, outside the vocabulary's 10 tokens"),
+    ([0, -1], "[1] is -1, outside"),
+    ([1, True], "[1] is true, not an integer"),
+    ([1, 2.0], "[1] is 2.0, not an integer"),
+    ([None], "[0] is null, not an integer"),
+    ([[1]], "[0] is list, not an integer"),
+    ({"0": 1}, "not a list but dict"),
+])
+def test_engine_ids_are_checked_at_their_bounds(ids: Any, problem: str | None) -> None:
+    found = engine_ids_problem(ids, vocab_size=10, max_tokens=4)
+    assert found == problem if problem is None else (found or "").startswith(problem), found
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case_name", list(CASES))
 @pytest.mark.parametrize("route", list(ROUTES))
@@ -119,7 +138,8 @@ def test_bad_engine_ids_fail_their_answer_alone(tmp_path: Path, qwen3_dir: Path,
     case.corrupt = len(check.corrupt) + len(wrong)
     case.crashed = int(status == "crashed")
     example = next((f["message"] for f in failed.values()), "")
-    case.note(f"run {status} {error[:200]}; {len(answered)}/{len(good)} good answers written, "
+    good_written = len(answered & {r["id"] for r in good})
+    case.note(f"run {status} {error[:200]}; {good_written}/{len(good)} good answers written, "
               f"{len(wrong)} records with IDs no token has; failures "
               f"{sorted({f['kind'] for f in failed.values()})}, e.g. `{example}`")
     assert status == "completed", error
@@ -132,6 +152,7 @@ def test_bad_engine_ids_fail_their_answer_alone(tmp_path: Path, qwen3_dir: Path,
         assert failure.get("cost_usd", 0) > 0, (row_id, failure)  # the engine was paid
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_answer_failed_for_its_ids_is_asked_again(tmp_path: Path, qwen3_dir: Path,
                                                      qwen3_tok: Tokenizer, reliability) -> None:
@@ -247,6 +268,8 @@ def test_answers_in_flight_hold_at_most_the_bound(tmp_path: Path, qwen3_dir: Pat
     assert peak_mb < PEAK_MB, f"peak RSS {peak_mb:.0f} MB"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_the_probes_answers_hold_at_most_the_bound(tmp_path: Path, qwen3_dir: Path,
                                                    qwen3: Format, reliability) -> None:
     case = reliability(SCENARIO, f"the probe's five requests all answered {HUGE_MB} MB at once "
