@@ -25,8 +25,7 @@ from draftgen.formats import Format, get_format
 from draftgen.probe import ProbeOptions
 from draftgen.probe.command import probe_config
 from draftgen.probe.exchange import exchange, probe_requests
-from draftgen.testing.fake_engine import TestServer
-from draftgen.testing.fake_engine.faults import BAD_IDS, TOO_MANY_IDS
+from draftgen.testing.fake_engine import BAD_IDS, TOO_MANY_IDS, TestServer
 from draftgen.tokenize import Tokenizer
 from tests.e2e_helpers import fast_backend, read_records, run_config, write_config
 from tests.reliability.helpers import (
