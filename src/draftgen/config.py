@@ -181,6 +181,10 @@ class BackendConfigBase(_Strict):
     max_response_mb: float = Field(256.0, gt=0)
     """The largest answer read from this backend (a body once decompressed, or a stream's
     bytes in all); a larger one fails its request as `response_too_large`."""
+    max_in_flight_response_mb: float = Field(1024.0, gt=0)
+    """The most this backend's answers hold together while they are read and parsed (bodies,
+    streams' bytes so far), its probe's included: the answer whose bytes would go past it
+    fails as `memory_bound` (retried). The process holds at most the sum over its backends."""
     headers: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra fields of every request body; not the keys draftgen sets itself

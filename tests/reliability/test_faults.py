@@ -12,7 +12,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from draftgen.testing.fake_engine import BAD_TOOL_CALLS, FAULT_KINDS, TestServer
+from draftgen.testing.fake_engine import (
+    BAD_IDS,
+    BAD_TOOL_CALLS,
+    FAULT_KINDS,
+    TOO_MANY_IDS,
+    TestServer,
+)
 from tests.e2e_helpers import fast_backend, run_config, write_config
 from tests.reliability.helpers import (
     ServerProcess,
@@ -40,6 +46,7 @@ FAILURE_KINDS = {  # fault kind -> the kind a request failing with it is recorde
     "empty": "empty_answer", "slow": "timeout", "400": "bad_request", "403": "moderation",
     **dict.fromkeys(BAD_TOOL_CALLS, "bad_response"),
     "huge_body": "response_too_large", "gzip_bomb": "response_too_large",
+    "huge_chunked": "response_too_large",
 }
 N_PROMPTS = 1500
 TIMEOUT_S = 1.5
@@ -55,7 +62,8 @@ def test_every_fault_kind_is_mapped(reliability) -> None:
     case = reliability("2. Server faults", "every fault kind of the test server has an expected "
                        "outcome in the suite")
     case.runs = 1
-    assert set(FAULT_KINDS) - set(FAILURE_KINDS) == {"401", "402credits"}  # backend-level
+    assert set(FAULT_KINDS) - set(FAILURE_KINDS) == {  # backend-level; engine IDs: scenario 9
+        "401", "402credits", *BAD_IDS, TOO_MANY_IDS}
 
 
 @pytest.mark.slow

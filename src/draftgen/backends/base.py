@@ -9,7 +9,7 @@ import email.utils
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -47,6 +47,71 @@ REQUEST_SAMPLING: contextvars.ContextVar[SamplingConfig | None] = \
 """Set by the runner in one request's task where that request samples otherwise than the run
 (a conversation's draw from its dataset's `sampling_mix`): `Backend.sampling` reads it, so
 every backend sends it without knowing why."""
+
+
+class AnswerBytes:
+    """The bytes a backend's answers hold while they are read and parsed, all requests
+    together: at most `limit` (`max_in_flight_response_mb`). Each answer's bytes are counted as
+    they arrive (`ReadCount.add`) and given back when its request's `send` ends; the answer
+    whose bytes would cross the limit fails as `memory_bound` instead of being read further."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+        """The most bytes held at once so far."""
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Around one request: the bytes its answer is read into count here until it ends."""
+        token = _HELD.set(_Held(self))
+        try:
+            yield
+        finally:
+            held = _HELD.get()
+            _HELD.reset(token)
+            if held is not None:
+                self.held -= held.bytes
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        self.peak = max(self.peak, self.held)
+        return True
+
+
+@dataclass(slots=True)
+class _Held:
+    """What one request's answer holds of its backend's `AnswerBytes`."""
+
+    budget: AnswerBytes
+    bytes: int = 0
+
+
+_HELD: contextvars.ContextVar[_Held | None] = contextvars.ContextVar("draftgen_answer_bytes",
+                                                                     default=None)
+"""Set by `AnswerBytes.holding` in one request's task."""
+
+
+class ReadCount:
+    """One answer's bytes as they arrive: at most `limit` (`max_response_mb`), and each byte
+    held against its backend's `AnswerBytes` while the request is under way."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen = 0
+
+    def add(self, n: int) -> None:
+        self.seen += n
+        if self.seen > self.limit:
+            raise too_large(self.limit)
+        held = _HELD.get()
+        if held is None:
+            return
+        if not held.budget.take(n):
+            raise over_in_flight_bound(held.budget.limit)
+        held.bytes += n
 
 
 def note_generation_id(headers: Mapping[str, str]) -> None:
@@ -97,6 +162,10 @@ class Backend(ABC):
         self._session: aiohttp.ClientSession | None = None
         self.concurrency = cfg.concurrency
         """Requests in flight at most; a `fleet` backend's is set at start from its workers."""
+        self.answer_bytes = AnswerBytes(int(cfg.max_in_flight_response_mb * 2**20))
+        self.vocab_size: int | None = None
+        """The target's vocabulary size, added tokens included (`use_vocabulary`): an engine
+        ID at or above it is no token."""
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -151,10 +220,10 @@ class Backend(ABC):
         return self._session
 
     def use_vocabulary(self, tokenizer: Tokenizer) -> None:
-        """The target's tokenizer, for a backend that reads what the endpoint sends through
-        it (the chat backends check logprob entries' bytes by its tokens' spellings). Others
-        do not need it."""
-        return None
+        """The target's tokenizer: the engine's IDs are checked against its size, and a
+        backend that reads what the endpoint sends through it (the chat backends check logprob
+        entries' bytes by its tokens' spellings) keeps what it needs."""
+        self.vocab_size = tokenizer.vocab_size
 
     async def listed_price(self) -> Price | None:
         """The price the endpoint itself lists for the model, where it has such a listing."""
@@ -170,9 +239,21 @@ class Backend(ABC):
         (`capabilities.looks_up_bills`)."""
         return None
 
-    @abstractmethod
     async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
-        """Send one prompt. `input_ids` is the prompt rendered by the run's model format."""
+        """Send one prompt (`_send`), its answer's bytes held against `answer_bytes` while it
+        is read, and the IDs the engine reported checked (`check_engine_ids`)."""
+        with self.answer_bytes.holding():
+            try:
+                answer = await self._send(prompt, input_ids, max_tokens)
+            except BackendError as e:
+                raise without_frames(e) from None
+        check_engine_ids(answer, self.vocab_size, max_tokens)
+        return answer
+
+    @abstractmethod
+    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
+        """Send one prompt and read its answer. `input_ids` is the prompt rendered by the run's
+        model format."""
 
     async def post_json(self, url: str, body: Mapping[str, Any]) -> tuple[Any, Mapping[str, str]]:
         """POST a JSON body, return the parsed JSON answer and its headers; map every failure
@@ -207,13 +288,19 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     if declared is not None and declared > limit and "Content-Encoding" not in resp.headers:
         raise too_large(limit)
     chunks: list[bytes] = []
-    seen = 0
+    count = ReadCount(limit)
     async for data in resp.content.iter_any():
-        seen += len(data)
-        if seen > limit:
-            raise too_large(limit)
+        count.add(len(data))
         chunks.append(data)
     return b"".join(chunks)
+
+
+def without_frames(error: BackendError) -> BackendError:
+    """`error` without its traceback and the exceptions it was raised from: their frames hold
+    what the answer was being read into (a body's chunks up to `max_response_mb`), which would
+    stay alive as long as the error does (a request backing off, the probe keeping it)."""
+    error.__context__ = error.__cause__ = None
+    return error.with_traceback(None)
 
 
 def too_large(limit: int) -> BackendError:
@@ -222,8 +309,57 @@ def too_large(limit: int) -> BackendError:
                         "(max_response_mb): not read further", retryable=False)
 
 
+def over_in_flight_bound(limit: int) -> BackendError:
+    """An answer whose bytes would take the backend's answers in flight past
+    `max_in_flight_response_mb` together (`AnswerBytes`)."""
+    return BackendError("memory_bound", f"answers being read would hold more than "
+                        f"{limit / 2**20:g} MB together (max_in_flight_response_mb): this one "
+                        "not read further", retryable=True)
+
+
+def check_engine_ids(answer: RawAnswer, vocab_size: int | None, max_tokens: int) -> None:
+    """The IDs an engine reported (`output_ids`) must be the answer's tokens: integers, each
+    0 <= id < `vocab_size` (the target's, added tokens included; unchecked when None), at most
+    `max_tokens` of them and the stop token. Otherwise the answer fails alone as `bad_response`,
+    billed by its usage, rather than being written as exact or breaking the batch it is
+    rebuilt with."""
+    ids = answer.output_ids
+    if ids is None:
+        return
+    problem = engine_ids_problem(ids, vocab_size, max_tokens)
+    if problem is not None:
+        raise BackendError("bad_response", f"engine token IDs: {problem}", retryable=False,
+                           usage=answer.usage)
+
+
+def engine_ids_problem(ids: Sequence[object], vocab_size: int | None,
+                       max_tokens: int) -> str | None:
+    """Why `ids` cannot be an answer's token IDs (see `check_engine_ids`); None if they can."""
+    if not isinstance(ids, list):
+        return f"not a list but {type(ids).__name__}"
+    if len(ids) > max_tokens + 1:
+        return f"{len(ids)} of them for max_tokens {max_tokens} (at most one more, the stop token)"
+    if not ids:
+        return None
+    # Whole-list C loops, not a Python loop per ID: this runs for every answer.
+    if set(map(type, ids)) != {int}:
+        at = next(i for i, t in enumerate(ids) if type(t) is not int)
+        return f"[{at}] is {_shown(ids[at])}, not an integer"
+    top = vocab_size if vocab_size is not None else 2**63
+    if min(ids) < 0 or max(ids) >= top:  # type: ignore[type-var]  # all ints, checked above
+        at = next(i for i, t in enumerate(ids) if not 0 <= t < top)  # type: ignore[operator]
+        vocabulary = f"the vocabulary's {vocab_size} tokens" if vocab_size else "any vocabulary"
+        return f"[{at}] is {ids[at]}, outside {vocabulary}"
+    return None
+
+
+def _shown(value: object) -> str:
+    return orjson.dumps(value).decode()[:40] if value is None or isinstance(
+        value, str | float | bool) else type(value).__name__
+
+
 _UNREAD_KINDS = frozenset({"bad_response", "connection", "timeout", "incomplete_stream",
-                           "response_too_large"})
+                           "response_too_large", "memory_bound"})
 """Errors that leave an accepted answer unread (not an error the endpoint answered with)."""
 
 

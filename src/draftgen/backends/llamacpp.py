@@ -69,7 +69,7 @@ class LlamaCppNativeBackend(Backend):
         body.update(self.cfg.extra_body)
         return body
 
-    async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
+    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
         data, _ = await self.post_json(self.url, self.build_body(input_ids, max_tokens))
         return answer_from_completion(data)
 

@@ -29,13 +29,13 @@ from draftgen.backends import wire
 from draftgen.backends.base import (
     Backend,
     Capabilities,
+    ReadCount,
     error_from_body,
     error_from_http,
     note_generation_id,
     parse_json_body,
     parse_usage,
     reading_billed_answer,
-    too_large,
     transport_error,
 )
 from draftgen.backends.chat_logprobs import decoded_logprobs, logprobs_of
@@ -65,6 +65,7 @@ class OpenAIChatBackend(Backend):
         self._spellings: TokenSpellings | None = None
 
     def use_vocabulary(self, tokenizer: Tokenizer) -> None:
+        super().use_vocabulary(tokenizer)
         if self.cfg.logprobs:
             self._spellings = TokenSpellings(tokenizer)
 
@@ -101,7 +102,7 @@ class OpenAIChatBackend(Backend):
         body.update(self.cfg.extra_body)
         return body
 
-    async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
+    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
         body = self.build_body(prompt, max_tokens)
         if not self.cfg.stream:
             raw, headers = await self.post_bytes(self.url, body)
@@ -126,13 +127,11 @@ class OpenAIChatBackend(Backend):
             # "stream": read it as the JSON answer it is.
             return answer_from_body(await self.read_body(resp), resp.headers, self._spellings)
         acc = StreamAccumulator(request_id=resp.headers.get("X-Generation-Id"))
-        limit, seen = self.max_response_bytes, 0
+        count = ReadCount(self.max_response_bytes)
         # Whatever arrived, split into lines here: an await per network read instead
         # of one per SSE line (about 3x less event-loop time per streamed answer).
         async for data in resp.content.iter_any():
-            seen += len(data)
-            if seen > limit:
-                raise too_large(limit)
+            count.add(len(data))
             if acc.feed(data):
                 break
         else:

@@ -30,7 +30,7 @@ class SGLangBackend(Backend):
         return {"input_ids": input_ids, "sampling_params": params, "stream": False,
                 **self.cfg.extra_body}
 
-    async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
+    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
         data, _ = await self.post_json(self.url, self.build_body(input_ids, max_tokens))
         if isinstance(data, list) and len(data) == 1:
             data = data[0]

@@ -18,7 +18,13 @@ from typing import Any
 import orjson
 
 from draftgen.backends import Backend
-from draftgen.backends.base import error_from_http, too_large, transport_error
+from draftgen.backends.base import (
+    ReadCount,
+    check_engine_ids,
+    error_from_http,
+    transport_error,
+    without_frames,
+)
 from draftgen.backends.openai_chat import OpenAIChatBackend, StreamAccumulator, answer_from_json
 from draftgen.formats import Format, FormatError
 from draftgen.probe.model import RequestKind
@@ -58,6 +64,9 @@ class ProbeRequest:
     input_ids: list[int]
     """The prompt rendered by the run's format (sent as-is to ID endpoints; used to price
     answers whose usage lacks prompt_tokens)."""
+    vocab_size: int
+    """The format's vocabulary size: the engine's IDs are checked against it, as the run
+    checks them (`check_engine_ids`), whether or not the backend was given the vocabulary."""
 
 
 def probe_requests(fmt: Format) -> tuple[list[ProbeRequest], list[str]]:
@@ -75,7 +84,7 @@ def probe_requests(fmt: Format) -> tuple[list[ProbeRequest], list[str]]:
             if note not in notes:
                 notes.append(note)
             continue
-        requests.append(ProbeRequest(kind, prompt, ids))
+        requests.append(ProbeRequest(kind, prompt, ids, fmt.tokenizer.vocab_size))
     return requests, notes
 
 
@@ -143,11 +152,9 @@ async def _chat_once(backend: OpenAIChatBackend, req: ProbeRequest, max_tokens: 
             if resp.status != 200:
                 raise error_from_http(resp.status, await backend.read_body(resp), resp.headers)
             acc = _RecordingStream(request_id=resp.headers.get("X-Generation-Id"))
-            limit, seen = backend.max_response_bytes, 0
+            count = ReadCount(backend.max_response_bytes)
             async for line in resp.content:
-                seen += len(line)
-                if seen > limit:
-                    raise too_large(limit)
+                count.add(len(line))
                 if acc.feed_line(line):
                     break
             return acc.finish(), acc.wire
@@ -159,9 +166,19 @@ async def _chat_once(backend: OpenAIChatBackend, req: ProbeRequest, max_tokens: 
 
 async def _once(backend: Backend, req: ProbeRequest, max_tokens: int
                 ) -> tuple[RawAnswer, WireFields | None]:
+    """One answer, read as the run reads it: its bytes held against the backend's bound on
+    answers in flight, the engine's IDs checked."""
+    wire: WireFields | None = None
     if isinstance(backend, OpenAIChatBackend):
-        return await _chat_once(backend, req, max_tokens)
-    return await backend.send(req.prompt, req.input_ids, max_tokens), None
+        with backend.answer_bytes.holding():
+            try:
+                raw, wire = await _chat_once(backend, req, max_tokens)
+            except BackendError as e:
+                raise without_frames(e) from None
+    else:
+        raw = await backend.send(req.prompt, req.input_ids, max_tokens)
+    check_engine_ids(raw, req.vocab_size, max_tokens)
+    return raw, wire
 
 
 async def exchange(backend: Backend, req: ProbeRequest, max_tokens: int) -> Exchange:

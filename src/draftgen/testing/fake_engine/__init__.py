@@ -71,9 +71,11 @@ from draftgen.testing.fake_engine.cli import config_from_args, main, serve_until
 from draftgen.testing.fake_engine.config import Prices, ServerConfig
 from draftgen.testing.fake_engine.engine import GENERATIONS_KEPT, FakeEngine, create_app
 from draftgen.testing.fake_engine.faults import (
+    BAD_IDS,
     BAD_TOOL_CALLS,
     ERRORS,
     FAULT_KINDS,
+    TOO_MANY_IDS,
     ErrorSpec,
     FaultPicker,
 )
@@ -92,12 +94,14 @@ from draftgen.testing.fake_engine.stats import ServerStats
 from draftgen.testing.fake_engine.vocab import Vocab, load_vocab
 
 __all__ = [
+    "BAD_IDS",
     "BAD_TOOL_CALLS",
     "ERRORS",
     "FAULT_KINDS",
     "GENERATIONS_KEPT",
     "TOOL_ARGUMENTS",
     "TOOL_NAME",
+    "TOO_MANY_IDS",
     "BadRequest",
     "Completion",
     "ErrorSpec",

@@ -4,6 +4,7 @@ chunks, `[DONE]`, OpenRouter's comment lines), with the faults that change them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,14 @@ import orjson
 
 from draftgen.testing.fake_engine.answers import Completion, StreamPiece, ToolCall
 from draftgen.testing.fake_engine.config import ServerConfig
-from draftgen.testing.fake_engine.faults import BAD_TOOL_CALLS, HUGE, HUGE_MARK
+from draftgen.testing.fake_engine.faults import (
+    BAD_IDS,
+    BAD_TOOL_CALLS,
+    HUGE,
+    HUGE_MARK,
+    TOO_MANY_IDS,
+    sent_ids,
+)
 from draftgen.testing.fake_engine.kinds import Json
 from draftgen.testing.fake_engine.request import ChatRequest
 from draftgen.testing.fake_engine.shapes import ReplyContext, echoed, usage_json
@@ -69,6 +77,15 @@ class ChatReply:
     @property
     def token_ids(self) -> bool:
         return self.req.return_token_ids and self.config.mode != "openrouter"
+
+    @functools.cached_property
+    def ids(self) -> list[Any]:
+        """The answer's IDs as `token_ids` reports them (changed by an ID fault)."""
+        return sent_ids(self.fault, self.comp.ids, self.req.max_tokens)
+
+    @property
+    def ids_fault(self) -> str | None:
+        return self.fault if self.fault in BAD_IDS or self.fault == TOO_MANY_IDS else None
 
     def head(self, obj: str) -> Json:
         ctx = self.ctx
@@ -130,7 +147,7 @@ class ChatReply:
             choice["logprobs"] = self.logprobs(0, len(self.comp.ids))
         body = self.head("chat.completion") | {"choices": [choice], "usage": self.usage()}
         if self.token_ids:
-            choice["token_ids"] = self.comp.ids
+            choice["token_ids"] = self.ids
             body["prompt_token_ids"] = self.ctx.prompt_ids
         return body
 
@@ -140,7 +157,8 @@ class ChatReply:
         if finish is not None:
             choice["native_finish_reason"] = finish
         if self.token_ids:
-            choice["token_ids"] = self.comp.ids[start:end]
+            choice["token_ids"] = self.ids[start:end]
+        end = min(end, len(self.comp.ids))  # `ids_too_many`'s extra IDs have no entries
         if self.sends_logprobs and end > start:
             choice["logprobs"] = self.logprobs(start, end)
         return choice
@@ -152,7 +170,8 @@ class ChatReply:
         """The role chunk, then reasoning, content and tool-call deltas (no final chunk), and
         how many token IDs they carry."""
         fields = _reasoning_fields(self.config, self.req.show_reasoning)
-        shape = ("deltas", fields, self.token_ids, self.req.logprobs, self.req.top_logprobs > 0)
+        shape = ("deltas", fields, self.token_ids, self.req.logprobs, self.req.top_logprobs > 0,
+                 self.ids_fault)
         choices, carried = self.comp.memo(shape, lambda: self._delta_choices(fields))
         # Only the head (id, created, provider) differs between requests for one answer.
         prefix = self._prefix()
@@ -183,7 +202,7 @@ class ChatReply:
         """The final chunk (finish_reason, the IDs not carried yet), the usage chunk when
         due, and [DONE]."""
         comp = self.comp
-        events = [self.chunk([self.choice({}, carried, len(comp.ids), comp.finish_reason)])]
+        events = [self.chunk([self.choice({}, carried, len(self.ids), comp.finish_reason)])]
         if self.req.include_usage or self.config.mode == "openrouter":
             events.append(self.chunk([], usage=self.usage()))
         return [*events, SSE_DONE]

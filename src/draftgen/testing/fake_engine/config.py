@@ -103,7 +103,7 @@ class ServerConfig:
     backlog: int = 4096
     context_length: int = 32768
     huge_body_mb: int = 64
-    """The size of the `huge_body` and `gzip_bomb` answers."""
+    """The size of the `huge_body`, `huge_chunked` and `gzip_bomb` answers."""
     echo_auth: bool = False
     """Error bodies (401 and every error fault) echo the request's Authorization header in
     their message, as careless servers do."""

@@ -200,7 +200,7 @@ class FakeEngine:
             limit = self.config.generate_default_max_new_tokens
         comp = await self._completion(fault, key, limit, params.stop_ids)
         payload = generate_json(
-            self.config, self.vocab, ctx, comp, limit, params.skip_special_tokens
+            self.config, self.vocab, ctx, comp, limit, params.skip_special_tokens, fault
         )
         return await self._send_json(request, payload, fault, ctx)
 
@@ -277,8 +277,9 @@ class FakeEngine:
             pieces = huge_pieces(data, self.config.huge_body_mb)
             data = b"".join([*map(gzip.compress, pieces), gzip.flush()])
             headers["Content-Encoding"] = "gzip"
-        if fault == "huge_body":
-            return await write_in_pieces(request, data, self.config.huge_body_mb, headers)
+        if fault in ("huge_body", "huge_chunked"):
+            return await write_in_pieces(request, data, self.config.huge_body_mb, headers,
+                                         declared=fault == "huge_body")
         if fault != "reset_stream":
             return web.Response(body=data, content_type="application/json", headers=headers)
         response = web.StreamResponse(headers=headers)
@@ -292,7 +293,7 @@ class FakeEngine:
     async def _stream(
         self, request: web.Request, reply: ChatReply, fault: str | None
     ) -> web.StreamResponse:
-        if fault in ("malformed", "gzip_bomb"):
+        if fault in ("malformed", "gzip_bomb", "huge_chunked"):
             return await self._send_json(request, reply.json(), fault, reply.ctx)
         response = web.StreamResponse(
             headers={"Cache-Control": "no-cache", "X-Generation-Id": reply.ctx.gen_id}

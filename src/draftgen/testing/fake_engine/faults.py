@@ -29,6 +29,18 @@ BAD_TOOL_CALLS: dict[str, Any] = {
 """Fault kinds answered with a malformed `tool_calls` (JSON: the message's; stream: one more
 delta carrying it), the rest of the answer as usual."""
 
+BAD_IDS: dict[str, list[Any]] = {
+    "ids_negative": [-5, -1],
+    "ids_not_int": ["x", 1.5, True, None],
+    "ids_out_of_vocab": [999_999],
+    "ids_huge": [10**12],
+}
+"""Fault kinds whose engine IDs (SGLang's `output_ids`, vLLM's `token_ids`) have these values
+in place of the answer's middle IDs (an answer too short for them is lengthened)."""
+TOO_MANY_IDS = "ids_too_many"
+"""The fault kind whose engine IDs go on past the request's token limit: the answer's IDs, then
+as many again as the limit allows (an engine that ignored `max_new_tokens`)."""
+
 
 @dataclass(frozen=True)
 class ErrorSpec:
@@ -84,13 +96,32 @@ FAULT_KINDS: dict[str, str] = {
     "body sent in 1 MB writes, or a stream of 64 KB content deltas",
     "gzip_bomb": "HTTP 200, Content-Encoding gzip: a small body that inflates to a valid JSON "
     "answer of `huge_body_mb` MB (also for a stream request)",
+    "huge_chunked": "HTTP 200, the `huge_body` JSON answer sent chunked, without a declared "
+    "length, a megabyte a write (also for a stream request)",
+    **{kind: f"HTTP 200, an answer whose engine IDs hold {json.dumps(values)}"
+       for kind, values in BAD_IDS.items()},
+    TOO_MANY_IDS: "HTTP 200, an answer whose engine IDs go on past the request's token limit "
+    "(its IDs, then the limit's count more)",
 }
 """Every fault kind, with its wire behaviour."""
 
 _DIRECTIVE = re.compile(r"\[\[fault:([A-Za-z0-9_]+)(?:\*(\d+))?\]\]")
-HUGE = frozenset({"huge_body", "gzip_bomb"})
+HUGE = frozenset({"huge_body", "gzip_bomb", "huge_chunked"})
 HUGE_MARK = b"@@huge content@@"
-"""Where a `huge_body` or `gzip_bomb` JSON answer puts its megabytes (its content's value)."""
+"""Where a `HUGE` JSON answer puts its megabytes (its content's value)."""
+
+
+def sent_ids(fault: str | None, ids: list[int], limit: int | None) -> list[Any]:
+    """The answer's IDs as the engine reports them under `fault` (`BAD_IDS`, `TOO_MANY_IDS`):
+    unchanged for any other fault."""
+    if fault in BAD_IDS:
+        bad = BAD_IDS[fault]
+        middle = len(ids) // 2
+        return [*ids[:middle], *bad, *ids[middle + len(bad):]]
+    if fault == TOO_MANY_IDS and ids:
+        extra = limit if limit is not None else len(ids)
+        return [*ids, *(ids[n % len(ids)] for n in range(extra))]
+    return ids
 
 
 class FaultPicker:

@@ -48,12 +48,16 @@ def huge_pieces(data: bytes, mb: int) -> Iterator[bytes]:
 
 
 async def write_in_pieces(request: web.Request, data: bytes, mb: int,
-                          headers: Mapping[str, str]) -> web.StreamResponse:
-    """`huge_pieces` as a JSON body of a declared length, a write each (the client may stop
-    reading part way)."""
+                          headers: Mapping[str, str], declared: bool = True
+                          ) -> web.StreamResponse:
+    """`huge_pieces` as a JSON body, a write each (the client may stop reading part way): of a
+    declared length, else chunked."""
     response = web.StreamResponse(headers=headers)
     response.content_type = "application/json"
-    response.content_length = sum(map(len, huge_pieces(data, mb)))
+    if declared:
+        response.content_length = sum(map(len, huge_pieces(data, mb)))
+    else:
+        response.enable_chunked_encoding()
     await response.prepare(request)
     for piece in huge_pieces(data, mb):
         await response.write(piece)

@@ -8,6 +8,7 @@ from typing import Any
 
 from draftgen.testing.fake_engine.answers import Completion
 from draftgen.testing.fake_engine.config import ServerConfig
+from draftgen.testing.fake_engine.faults import sent_ids
 from draftgen.testing.fake_engine.kinds import BadRequest, Json
 from draftgen.testing.fake_engine.model import FakeModel
 from draftgen.testing.fake_engine.request import optional_int
@@ -73,10 +74,12 @@ def generate_json(
     comp: Completion,
     limit: int | None,
     skip_special: bool,
+    fault: str | None = None,
 ) -> Json:
     output_ids = comp.ids
     if config.generate_omits_stop_id and comp.matched_stop is not None:
         output_ids = output_ids[:-1]
+    output_ids = sent_ids(fault, output_ids, limit)
     if comp.matched_stop is not None:
         finish: Json = {"type": "stop", "matched": comp.matched_stop}
     else:
