@@ -288,7 +288,8 @@ def _struct_rows(struct: type[msgspec.Struct]) -> Iterator[str]:
             absent = "always written"
         else:
             default = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
-            absent = f"read as {_yaml(default) if not isinstance(default, msgspec.Struct) else 'empty'}"
+            shown = "empty" if isinstance(default, msgspec.Struct) else _yaml(default)
+            absent = f"read as {shown}"
         kind = type_name(f.type, lambda t: f"[{t.__name__}](#{slug(t.__name__)})")
         yield f"| `{f.name}` | {kind} | {absent} | {_doc(struct, f.name)} |"
 
