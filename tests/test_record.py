@@ -1,10 +1,9 @@
-"""`store.record.Record`: the README's record table names exactly its fields, and a line the
-runner writes reads back as a `Record` with the same values (older lines with the defaults,
+"""`store.record.Record`: the record page (docs/record.md) names exactly its fields, and a
+line the runner writes reads back as a `Record` with the same values (older lines with the defaults,
 wrong types as a `RecordError` naming the field)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -29,31 +28,31 @@ from draftgen.store.record import (
 from draftgen.types import Prompt, RawAnswer, Rebuilt
 from draftgen.types import Usage as RawUsage
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-TABLE_HEADING = "## The record (one line of `<dataset>/responses.jsonl`)"
+RECORD_PAGE = Path(__file__).resolve().parents[1] / "docs" / "record.md"
 
 
-def _table_rows() -> dict[str, str]:
-    """The record table of the README: each field it names → its row's meaning."""
-    text = README.read_text(encoding="utf-8")
-    assert TABLE_HEADING in text, "README has no record table"
-    section = text.split(TABLE_HEADING, 1)[1].split("\n## ", 1)[0]
+def _table_rows(heading: str) -> dict[str, str]:
+    """A table of docs/record.md (generated from `Record` by scripts/gen_docs.py; tests/
+    test_docs.py holds it to the code): each field it names → its row's meaning."""
+    text = RECORD_PAGE.read_text(encoding="utf-8")
+    assert f"\n### {heading}\n" in text, f"docs/record.md has no {heading} table"
+    section = text.split(f"\n### {heading}\n", 1)[1].split("\n### ", 1)[0]
     rows: dict[str, str] = {}
     for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
         if len(cells) < 2 or not cells[0].startswith("`"):
             continue
-        for name in re.findall(r"`([^`]+)`", cells[0]):
-            rows[name] = cells[1]
+        rows[cells[0].strip("`")] = cells[-1]
     return rows
 
 
-def test_the_readme_names_every_field_and_no_other() -> None:
-    rows = _table_rows()
-    assert list(rows) == list(FIELDS), "README's record table and Record disagree"
-    usage_row = rows["usage"]
+def test_the_record_page_names_every_field_and_no_other() -> None:
+    rows = _table_rows("Record")
+    assert list(rows) == list(FIELDS), "docs/record.md and Record disagree"
+    assert all(rows.values()), "a field with no meaning"
+    assert list(_table_rows("Usage")) == list(Usage.__struct_fields__)
     for name in Usage.__struct_fields__:
-        assert f"`{name}`" in usage_row, f"README's usage row does not name {name}"
+        assert f"`{name}`" in rows["usage"], f"the usage row does not name {name}"
 
 
 def _runner_record(*, tools: bool, session: int | None) -> dict[str, Any]:

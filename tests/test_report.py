@@ -14,9 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from draftgen.cli import app
+from draftgen.export.source import open_run
 from draftgen.report import write_report
-from draftgen.report.collect import Reservoir
+from draftgen.report.collect import Reservoir, Timeline, collect, plot_bin_s
 from draftgen.report.page import SECTIONS
+from draftgen.report.plots import spend_over_time
 from draftgen.tokenize import Tokenizer
 from tests.test_export import write_run
 
@@ -169,3 +171,39 @@ def test_turns_all_datasets_get_turns_per_conversation_and_end_reasons(
 
 def test_no_trajectory_table_without_turns_all(reported: Reported) -> None:
     assert '<table id="trajectories">' not in reported.page
+
+
+def test_a_37_second_run_is_plotted_second_by_second(tmp_path: Path, qwen3_tok: Tokenizer
+                                                     ) -> None:
+    """The timeline's bins follow the run's length: answers written over 37 seconds are more
+    than the one or two points that per-minute bins gave."""
+    run = write_run(tmp_path, qwen3_tok, {"chat": 38})
+    t0 = 1_750_000_000.0
+    responses = run / "chat" / "responses.jsonl"
+    lines = [orjson.loads(line) for line in responses.read_bytes().splitlines()]
+    for i, record in enumerate(lines):
+        record["created_at"] = t0 + i
+    responses.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
+    for derived in run.glob("chat/index*"):
+        derived.unlink()
+    stats = collect(open_run(run))
+    assert stats.span_s == 37
+    figure = spend_over_time(stats)
+    count_axes = figure.axes[1]
+    points = {len(line.get_xdata()) for line in count_axes.get_lines()}
+    assert len(count_axes.get_lines()) == 2, "one line per backend"
+    assert min(points) > 2, f"points per backend line: {points}"
+    total = sum(line.get_ydata()[-1] for line in count_axes.get_lines())
+    assert total == 38, "the cumulative lines end at every answer"
+
+
+def test_a_long_run_keeps_a_bounded_timeline_and_plots_about_120_points() -> None:
+    timeline = Timeline(cap=1000)
+    week = 7 * 24 * 3600
+    for t in range(0, week, 7):
+        timeline.add(1_750_000_000.0 + t, 0.5)
+    assert len(timeline.bins) <= 1000
+    bin_s = plot_bin_s(week, [timeline])
+    series = timeline.series(bin_s)
+    assert 60 <= len(series) <= 120
+    assert sum(answers for _, answers, _ in series) == len(range(0, week, 7))

@@ -106,10 +106,16 @@ class ModelConfig(_Strict):
 
 class SamplingConfig(_Strict):
     temperature: float | None = 0.6
+    """Sampling temperature (null: the server's default)."""
     top_p: float | None = 0.95
+    """Nucleus sampling (null: the server's default)."""
     top_k: int | None = None
+    """Top-k sampling (null: the server's default)."""
     max_tokens: int = Field(4096, gt=0, le=TOKENS_MAX)
+    """The most output tokens of one answer: what the token and dollar budgets reserve before a
+    request is sent (cut to what a dataset's token budget has left)."""
     seed: int | None = None
+    """Sent as the request's seed; also seeds the `sampling_mix` draw."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Extra fields merged into every request body (OpenAI) or sampling_params (SGLang); not
     the keys draftgen sets itself (MANAGED_BODY_KEYS)."""
@@ -121,7 +127,9 @@ class Price(_Strict):
     """USD per million tokens."""
 
     prompt: float = Field(ge=0)
+    """USD per million prompt tokens."""
     completion: float = Field(ge=0)
+    """USD per million output tokens."""
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return (prompt_tokens * self.prompt + completion_tokens * self.completion) / 1e6
@@ -155,12 +163,19 @@ class BackendConfigBase(_Strict):
     key of another type is refused, naming the types it belongs to."""
 
     name: str
+    """The backend's name in records, status and logs."""
     type: BackendType
+    """Which server or API it is: picks the keys it takes (below)."""
     url: str | None = None
     """The server's base URL. A `llamacpp` backend may give `model` instead."""
     api_key_env: str | None = None
+    """The environment variable holding the API key (the key never appears in a file or an
+    output: echoed by a server in an error, it shows as ***)."""
     concurrency: int = Field(64, gt=0)
+    """Requests in flight on this backend."""
     priority: int = 0
+    """Lower runs first: a backend gets work only when every backend of a lower priority is
+    saturated."""
     price: Price | None = None
     """USD per million tokens. Default: OpenRouter's /models listing for `openrouter`, 0 for
     a backend that is not paid."""
@@ -170,14 +185,18 @@ class BackendConfigBase(_Strict):
     cooldown_after: int = Field(20, ge=1)
     """Consecutive failed requests that take the backend out of rotation for `cooldown_s`."""
     cooldown_s: float = Field(30.0, ge=0)
-    """Lower runs first: a backend gets work only when every backend of a lower priority is
-    saturated."""
+    """How long a backend rests after `cooldown_after` failures in a row."""
     timeout_s: float = Field(600.0, gt=0)
+    """The most seconds one request may take."""
     connect_timeout_s: float = Field(30.0, gt=0)
+    """The most seconds to open a connection."""
     max_retries: int = Field(6, ge=0)
     """Retries of one request within one run, on retryable errors."""
     backoff_base_s: float = Field(1.0, gt=0)
+    """The first retry's wait; it doubles with each retry."""
     backoff_max_s: float = Field(60.0, gt=0)
+    """The longest wait between retries; a Retry-After longer than this fails the request
+    now."""
     max_response_mb: float = Field(256.0, gt=0)
     """The largest answer read from this backend (a body once decompressed, or a stream's
     bytes in all); a larger one fails its request as `response_too_large`."""
@@ -186,6 +205,7 @@ class BackendConfigBase(_Strict):
     streams' bytes so far), its probe's included: the answer whose bytes would go past it
     fails as `memory_bound` (retried). The process holds at most the sum over its backends."""
     headers: dict[str, str] = Field(default_factory=dict)
+    """Extra HTTP headers of every request (their values are redacted in run.json)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra fields of every request body; not the keys draftgen sets itself
     (MANAGED_BODY_KEYS)."""
@@ -279,10 +299,15 @@ class SamplingChoice(_Strict):
     the run's `sampling` ones for the conversations that draw it."""
 
     weight: float = Field(gt=0)
+    """How often this choice is drawn, relative to the others' weights."""
     temperature: float | None = None
+    """Replaces `sampling.temperature`."""
     top_p: float | None = None
+    """Replaces `sampling.top_p`."""
     top_k: int | None = None
+    """Replaces `sampling.top_k`."""
     max_tokens: int | None = Field(None, gt=0, le=TOKENS_MAX)
+    """Replaces `sampling.max_tokens` (and what the token budget reserves)."""
     reasoning_effort: Literal["low", "medium", "high"] | None = None
     """gpt-oss's effort: the request's `reasoning_effort`, and the format's for its prompt."""
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -308,6 +333,7 @@ class ChatBackendConfig(BackendConfigBase):
     reasoning: dict[str, Any] | None = None
     """The `reasoning` request object; default {"enabled": true} on openrouter."""
     stream: bool = False
+    """Ask for the answer as a stream of server-sent events."""
     logprobs: bool = True
     """Chat backends: ask for per-token logprobs, from which the sampled token IDs are
     recovered exactly where they cover the whole answer."""
@@ -416,8 +442,11 @@ class DropRule(_Strict):
     """Rows whose `field` holds one of these values (or not one of them) are left out."""
 
     field: str
+    """The row's field tested."""
     one_of: list[JsonScalar] | None = None
+    """Rows whose field holds one of these are left out."""
     not_one_of: list[JsonScalar] | None = None
+    """Rows whose field holds none of these are left out."""
 
     @model_validator(mode="after")
     def _one_test(self) -> DropRule:
@@ -446,6 +475,7 @@ class RowMapping(_Strict):
     skip_roles: list[str] = Field(default_factory=list)
     """Messages of these roles (after `roles`) are left out."""
     drop: list[DropRule] = Field(default_factory=list)
+    """Rows left out (counted as dropped)."""
 
     @model_validator(mode="after")
     def _reads_a_conversation(self) -> RowMapping:
@@ -458,10 +488,15 @@ class RowMapping(_Strict):
 
 class DatasetConfig(_Strict):
     name: str
+    """The dataset's folder in the run folder (a plain folder name)."""
     path: str
-    """A local .jsonl/.json/.parquet file, a HF save_to_disk folder, or a hub dataset name."""
+    """A local .jsonl/.json/.parquet file, a HF save_to_disk folder, or a hub dataset name
+    (org/name; a missing path with a file suffix or under a local folder is 'no such file',
+    never a hub name)."""
     limit: int | None = Field(None, gt=0)
+    """Prompts read from the dataset."""
     split: str = "train"
+    """The split, for hub datasets and DatasetDict folders."""
     subset: str | None = None
     """Hub config name, when `path` is a hub dataset."""
     max_output_tokens: int | None = Field(None, gt=0)
@@ -507,11 +542,17 @@ class BudgetConfig(_Strict):
 
 class RunConfig(_Strict):
     output_dir: str
+    """The run folder."""
     model: ModelConfig
+    """The target model: its name, chat format and tokenizer."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """How answers are sampled."""
     backends: list[BackendConfig]
+    """Where requests go: local engines and paid APIs, in priority order."""
     datasets: list[DatasetConfig]
+    """The prompt sets, each answered into its own folder of the run."""
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    """Dollar budget and spend rate of the whole run."""
     max_attempts: int = Field(3, gt=0)
     """A prompt whose requests failed this many times (across runs) is not retried on resume."""
     fsync_interval_s: float = Field(1.0, ge=0)

@@ -2,7 +2,7 @@
 
 Memory does not grow with the number of answers: counts are counters, distributions are
 reservoir samples (at most `sample_cap` values each, 8 bytes a value), and the time series are
-per-minute bins.
+bins of one second, made twice as wide whenever there are more than `TIMELINE_CAP` of them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from draftgen.store.record import Damaged, Record
 from draftgen.tally import Tally
 
 SAMPLE_CAP = 200_000
-BIN_S = 60
+TIMELINE_CAP = 8_192
+"""The most bins a backend's timeline keeps (one second each, until a long run widens them)."""
+TIMELINE_POINTS = 120
+"""About how many points the report plots a run's timeline with, whatever its length."""
 
 
 class Reservoir:
@@ -68,11 +71,64 @@ class DatasetStats(Tally, ReadCounts):
     """`turns: all` datasets: turns per conversation and end reasons."""
 
 
+class Timeline:
+    """Answers and cost over time in bins of `bin_s` seconds: one second at first, doubled (the
+    bins merged in pairs) whenever there are more than `cap`, so that a 37-second run keeps 37
+    points and a week-long one a bounded number."""
+
+    def __init__(self, cap: int = TIMELINE_CAP) -> None:
+        self.cap = cap
+        self.bin_s = 1
+        self.bins: dict[int, list[float]] = {}
+        """Bin index (time // bin_s) → [answers, cost] in that bin."""
+
+    def __bool__(self) -> bool:
+        return bool(self.bins)
+
+    def add(self, t: float, cost: float) -> None:
+        cell = self.bins.setdefault(int(t // self.bin_s), [0.0, 0.0])
+        cell[0] += 1
+        cell[1] += cost
+        if len(self.bins) > self.cap:
+            self._widen()
+
+    def _widen(self) -> None:
+        merged: dict[int, list[float]] = {}
+        for index, (answers, cost) in self.bins.items():
+            cell = merged.setdefault(index // 2, [0.0, 0.0])
+            cell[0] += answers
+            cell[1] += cost
+        self.bins, self.bin_s = merged, self.bin_s * 2
+
+    def series(self, bin_s: int) -> list[tuple[float, float, float]]:
+        """(bin start in Unix seconds, answers, cost) per non-empty bin of `bin_s` seconds, in
+        time order; `bin_s` is a multiple of this timeline's own (see `plot_bin_s`)."""
+        if bin_s % self.bin_s:
+            raise ValueError(f"bin_s {bin_s} is not a multiple of {self.bin_s}")
+        factor = bin_s // self.bin_s
+        merged: dict[int, list[float]] = {}
+        for index, (answers, cost) in self.bins.items():
+            cell = merged.setdefault(index // factor, [0.0, 0.0])
+            cell[0] += answers
+            cell[1] += cost
+        return [(float(k * bin_s), a, c) for k, (a, c) in sorted(merged.items())]
+
+
+def plot_bin_s(span_s: float, timelines: list[Timeline],
+               points: int = TIMELINE_POINTS) -> int:
+    """The bin width (seconds, a power of two) that shows a run of `span_s` seconds in about
+    `points` points (at least one second, and no finer than any timeline's own bins)."""
+    width = max([1, *(t.bin_s for t in timelines)])
+    while span_s / width > points:
+        width *= 2
+    return width
+
+
 @dataclass
 class BackendStats(Tally):
     failures: int = 0
-    bins: dict[int, list[float]] = field(default_factory=dict)
-    """Minute index → [answers, cost] in that minute."""
+    timeline: Timeline = field(default_factory=Timeline)
+    """Answers and cost over time."""
     latency: Reservoir = field(default_factory=lambda: Reservoir(seed=4))
     failure_kinds: Counter[str] = field(default_factory=Counter)
 
@@ -207,9 +263,7 @@ def add_answer(record: Record, ds: DatasetStats, stats: RunStats,
     created = record.created_at
     if created is not None:
         stats.seen_at(created)
-        cell = backend.bins.setdefault(int(created // BIN_S), [0.0, 0.0])
-        cell[0] += 1
-        cell[1] += cost
+        backend.timeline.add(created, cost)
     provider = record.provider or "(not reported)"
     quant = record.quantization
     stats.providers[f"{provider} · {quant}" if quant else str(provider)] += 1

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from draftgen.printable import printable
-from draftgen.report.collect import BIN_S, RunStats
+from draftgen.report.collect import RunStats, plot_bin_s
 
 DPI = 100
 Plot = Callable[[RunStats], Figure]
@@ -38,26 +38,30 @@ def _empty(ax: Axes, what: str) -> None:
     ax.set_yticks([])
 
 
+def cumulative(series: list[tuple[float, float, float]],
+               ) -> tuple[list[datetime], list[float], list[float]]:
+    """Bin starts as UTC times, and the answers and cost up to and including each bin."""
+    times, counts, costs = [], [], []
+    answers = cost = 0.0
+    for start, bin_answers, bin_cost in series:
+        answers += bin_answers
+        cost += bin_cost
+        times.append(datetime.fromtimestamp(start, tz=UTC))
+        counts.append(answers)
+        costs.append(cost)
+    return times, counts, costs
+
+
 def spend_over_time(stats: RunStats) -> Figure:
     fig = _figure(10, 6)
     cost_ax, count_ax = fig.subplots(2, 1, sharex=True)
-    any_series = False
-    for name, b in sorted(stats.backends.items()):
-        if not b.bins:
-            continue
-        any_series = True
-        minutes = sorted(b.bins)
-        times = [datetime.fromtimestamp(m * BIN_S, tz=UTC) for m in minutes]
-        answers = cost = 0.0
-        counts, costs = [], []
-        for m in minutes:
-            answers += b.bins[m][0]
-            cost += b.bins[m][1]
-            counts.append(answers)
-            costs.append(cost)
+    timelines = {name: b.timeline for name, b in sorted(stats.backends.items()) if b.timeline}
+    bin_s = plot_bin_s(stats.span_s, list(timelines.values()))
+    for name, timeline in timelines.items():
+        times, counts, costs = cumulative(timeline.series(bin_s))
         cost_ax.step(times, costs, where="post", label=name)
         count_ax.step(times, counts, where="post", label=name)
-    if not any_series:
+    if not timelines:
         _empty(cost_ax, "answers with timestamps")
         _empty(count_ax, "answers with timestamps")
         return fig

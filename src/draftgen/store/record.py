@@ -26,41 +26,84 @@ class Usage(msgspec.Struct, kw_only=True, gc=False):
     """The token counts (and cost) the server reported for the answer, as reported."""
 
     prompt_tokens: Int64 | None = None
+    """Tokens of the prompt."""
     completion_tokens: Int64 | None = None
+    """Tokens of the answer, reasoning included."""
     reasoning_tokens: Int64 | None = None
+    """Tokens of the reasoning."""
     cached_tokens: Int64 | None = None
+    """Prompt tokens served from the server's prefix cache."""
     cost: float | None = None
+    """What the API said the request cost (USD)."""
 
 
 class Record(msgspec.Struct, kw_only=True, gc=False):
-    """One answer. README "What a record holds" documents each field (and is checked against
-    this type by tests/test_record.py)."""
+    """One answer. Each field's docstring is its row in docs/record.md (scripts/gen_docs.py
+    writes the page from this type; tests/test_docs.py fails when the page is stale)."""
 
     id: str
+    """The prompt's stable ID (the row's own `id`, else a content hash); `turns: all`:
+    `{conversation}#{turn}`."""
     dataset: str
+    """The dataset's name."""
     messages: list[dict[str, Any]]
+    """The prompt, as OpenAI-shaped messages."""
     tools: list[dict[str, Any]] | msgspec.UnsetType = msgspec.UNSET
+    """The tools the prompt declared; only when the row had them."""
     input_ids: list[TokenId]
+    """The prompt rendered in the model's native format (the engine's own IDs when it reports
+    them)."""
     output_ids: list[TokenId]
+    """The answer's token IDs: reasoning, end-of-reasoning, content, tool calls, stop token (no
+    stop token when truncated)."""
     token_source: str
+    """`native` (engine-reported, or recovered from logprobs) or `reconstructed` (rebuilt from
+    text)."""
     token_check: str
+    """`exact` (engine IDs), `length_ok` (rebuilt, length equals the engine's count: not proof),
+    `length_mismatch` (rebuilt, certainly not what was sampled), `unverifiable`."""
     flags: list[str]
+    """What to audit: `whitespace_restored`, `special_token_in_content`, `ids_from_logprobs`,
+    `logprobs_incomplete`, `stop_token_appended`, `provider_excluded_by_config`,
+    `prompt_ids_differ_from_engine`, ..."""
     reasoning: str | None
+    """The answer's reasoning as text."""
     content: str | None
+    """The answer's content as text."""
     tool_calls: list[dict[str, Any]] | None
+    """The answer's tool calls (OpenAI shape)."""
     finish_reason: str | None
+    """`stop`, `length`, `tool_calls`, ..."""
     backend: str
+    """The backend that served it."""
     provider: str | None = None
+    """Who served it, where the API reports it (OpenRouter's provider)."""
     quantization: str | None = None
+    """The quantization the provider reported."""
     model: str | None = None
+    """The model name the server reported."""
     usage: Usage = msgspec.field(default_factory=Usage)
+    """The server's counts, as reported: `prompt_tokens`, `completion_tokens`,
+    `reasoning_tokens`, `cached_tokens`, `cost`."""
     cost_usd: NonNegative = 0.0
+    """What the request cost (counted against `budget.usd`): the answer's, plus any billed
+    failed attempts before it."""
     cost_source: str = "unknown"
+    """`reported` (`usage.cost` at or above the price: believed), `priced` (none reported, or
+    one below the price: usage times the backend's price), `worst_case_report_refused` (a
+    reported cost that is no cost: negative, not a number: counted at the request's worst case;
+    `draftgen status` counts them)."""
     request_id: str | None = None
+    """The generation ID (OpenRouter `X-Generation-Id`, SGLang `meta_info.id`)."""
     latency_s: float | None = None
+    """Seconds the request took, retries included."""
     retries: int = 0
+    """Retries used."""
     created_at: float | None = None
+    """Unix time the record was written."""
     session: int | msgspec.UnsetType = msgspec.UNSET
+    """The index of the run.json session that wrote it (whose `settings` audit judges it by);
+    absent in records from before it was added."""
     conversation: str | msgspec.UnsetType = msgspec.UNSET
     """`turns: all` datasets only (docs/trajectories.md): the conversation this turn belongs to."""
     turn: int | msgspec.UnsetType = msgspec.UNSET
