@@ -9,10 +9,10 @@ request is admitted only when its worst case fits in what is neither spent nor r
   left of it);
 - the dollar budget is never exceeded while backends bill no more than their reservations
   say. A backend's reservations use its price raised by what its answers have cost so far
-  (`pricing.PriceWatch`), and until a backend that reports costs has answered once, it has one
-  request in flight at most (`admit`'s `learning`): the server's bill passes the budget by at
-  most what the requests in flight cost beyond their reservations when a backend's charges
-  rise — see docs/budgets.md.
+  (`pricing.PriceWatch`), and until a backend that reports costs has answered once, its
+  requests beyond the first are reserved at LEARNING_MARGIN times its price (`admit`'s
+  `learning`): the server's bill passes the budget by at most what the requests in flight cost
+  beyond their reservations when a backend's charges rise — see docs/budgets.md.
 
 The spend rate (`usd_per_minute`) is a token bucket of dollars: capacity one minute's worth,
 refilled continuously; a request takes its worst case from it and gets the difference back when
@@ -30,6 +30,11 @@ from dataclasses import dataclass, field
 
 from draftgen.budget.pricing import PriceWatch
 
+LEARNING_MARGIN = 20.0
+"""Until a backend that reports costs has answered once, its requests in flight beyond the first
+are reserved at this many times its price: a provider billing up to this much more than it
+lists cannot pass the budget before the first answer tells."""
+
 
 @dataclass(slots=True, eq=False)
 class Reservation:
@@ -38,6 +43,16 @@ class Reservation:
     usd: float
     priced: bool
     backend: str = ""
+    ratio: float = 1.0
+    """The ratio of charge to price its worst case assumed (`reprice`)."""
+    margin: float = 1.0
+    """`usd` over the worst case: LEARNING_MARGIN while its backend had not answered."""
+
+    @property
+    def worst_usd(self) -> float:
+        """What the request may cost at what its backend is known to charge: what a kill or
+        an unreadable answer counts (`usd` may hold a margin above it)."""
+        return self.usd / self.margin
 
 
 @dataclass
@@ -65,7 +80,7 @@ class Admission:
     worst_usd: float = 0.0
     """The priced worst case of the request (also when it was not admitted)."""
     learning: bool = False
-    """Held back until the backend's first answer tells what it charges."""
+    """Priced while the backend's first answer has not told what it charges."""
 
 
 @dataclass
@@ -125,20 +140,24 @@ class Ledger:
               ) -> Admission:
         """Reserve a request's worst case, priced at what `backend` charges (`price`), or say
         why not. `learning`: the backend reports costs and none has arrived yet: with a dollar
-        budget, one request of it in flight at a time until one has."""
+        budget, its first request in flight is reserved at its price, each other one at
+        LEARNING_MARGIN times it (they wait for the first answer where that does not fit)."""
         worst = price.worst(prompt_tokens, max_tokens) if price else 0.0
+        margin = 1.0
         if worst > 0:
+            if learning and self._in_flight.get(backend) and self.usd is not None:
+                margin = LEARNING_MARGIN
+                worst *= margin
             if self.usd is not None and self.spent_usd + self.reserved_usd + worst > self.usd:
                 return Admission(exhausted=True, settling=self.priced_in_flight > 0,
-                                 worst_usd=worst)
-            if learning and self._in_flight.get(backend) and self.budgeted:
-                return Admission(settling=True, worst_usd=worst, learning=True)
+                                 worst_usd=worst, learning=learning)
             wait = self._take_from_bucket(worst)
             if wait > 0:
                 self.throttled = True
                 return Admission(wait_s=wait)
         self.throttled = False
-        reservation = Reservation(dataset, max_tokens, worst, price is not None, backend)
+        reservation = Reservation(dataset, max_tokens, worst, price is not None, backend,
+                                  price.ratio if price else 1.0, margin)
         budget = self.datasets[dataset]
         budget.reserved_tokens += max_tokens
         budget.in_flight += 1
@@ -163,13 +182,17 @@ class Ledger:
     def release(self, usd: float) -> None:
         self.reserved_usd = max(0.0, self.reserved_usd - usd)
 
-    def reprice(self, backend: str, factor: float) -> None:
-        """The backend charges `factor` times what its reservations assumed: those in flight
-        are raised to match, so no new request is admitted on the old figure."""
-        for reservation in self._in_flight.get(backend, ()):
-            extra = reservation.usd * (factor - 1)
-            reservation.usd += extra
-            self.reserved_usd += extra
+    def reprice(self, backend: str, ratio: float) -> None:
+        """The backend charges `ratio` times its price: the worst case of each of its requests
+        in flight rises to it, and so does its reservation where its margin does not cover it,
+        so nothing more is admitted on the old figure."""
+        for r in self._in_flight.get(backend, ()):
+            if r.ratio >= ratio:
+                continue
+            worst = r.worst_usd * ratio / r.ratio
+            usd = max(r.usd, worst)
+            self.reserved_usd += usd - r.usd
+            r.usd, r.ratio, r.margin = usd, ratio, usd / worst
 
     def set_rate(self, usd_per_minute: float | None) -> None:
         """A new spend rate (a shard's part of the run's), starting with a full bucket."""

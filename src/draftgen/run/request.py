@@ -116,7 +116,7 @@ class Requests:
         attempts = BilledAttempts()
         try:
             self._journal("sent", prompt, backend=backend.name, max_tokens=max_tokens,
-                          **({"usd": round(reservation.usd, 9)} if reservation.usd else {}))
+                          **({"usd": round(reservation.worst_usd, 9)} if reservation.usd else {}))
             if reservation.usd and backend.capabilities.looks_up_bills:  # this task's own context
                 ON_GENERATION_ID.set(lambda generation: self._on_generation_id(
                     prompt, attempts, generation))
@@ -132,7 +132,7 @@ class Requests:
             rebuilt = await self._rebuilt(raw, prompt)
             cost, source = self._cost(
                 backend, raw.usage.cost, raw.usage.prompt_tokens or len(input_ids),
-                raw.usage.completion_tokens or len(rebuilt.output_ids), reservation.usd)
+                raw.usage.completion_tokens or len(rebuilt.output_ids), reservation.worst_usd)
             record = make_record(prompt, input_ids, raw, rebuilt, backend, cost + attempts.usd,
                                  time.monotonic() - started, retries, cost_source=source,
                                  session=self.session)
@@ -171,8 +171,8 @@ class Requests:
             if not settled:
                 # Unknown outcome (aborted mid-stream, write failed): keep the worst case
                 # counted as spent, never less.
-                self.ledger.settle(reservation, reservation.tokens, reservation.usd)
-                self.unsettled_usd += reservation.usd + attempts.usd
+                self.ledger.settle(reservation, reservation.tokens, reservation.worst_usd)
+                self.unsettled_usd += reservation.worst_usd + attempts.usd
             counters.in_flight -= 1
             slots.release(backend)
             if reservation.usd:
@@ -211,7 +211,7 @@ class Requests:
         free_before = watch.reported_over_free
         factor = watch.observe(reported, priced, tokens)
         if factor > 1:
-            self.ledger.reprice(backend.name, factor)
+            self.ledger.reprice(backend.name, watch.ratio)
             log.warning("%s charges %.3gx its price: its requests are reserved at that from "
                         "now on", backend.name, watch.ratio)
         if watch.reported_over_free and not free_before:
@@ -237,7 +237,7 @@ class Requests:
         No retry once the budget cannot hold the request's reservation beside what it spent."""
         assert self.slots is not None
         self.slots.note_result(backend, failed=e.retryable)
-        billed = self._billed(backend, e, reservation.usd)
+        billed = self._billed(backend, e, reservation.worst_usd)
         gen, attempts.gen = attempts.gen, None
         if not billed:
             return
