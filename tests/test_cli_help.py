@@ -10,7 +10,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from draftgen.cli import app
-from draftgen.datasets.presets import registry
+from draftgen.presets import registry
 
 GROUP = typer.main.get_command(app)
 COMMANDS = sorted(GROUP.commands)  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""Dataset presets (datasets/presets.yaml): every preset read offline from a row written in its
+"""Dataset presets (presets.yaml): every preset read offline from a row written in its
 dataset's real schema, mixes shared out by weight, user fields overriding the preset's."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 import pytest
 
-from draftgen.config import ConfigError, DatasetConfig, load_config
+from draftgen.config import ConfigError, DatasetConfig, RowMapping, load_config
 from draftgen.datasets import load_prompt_table, load_prompts
 from draftgen.datasets.conversations import iter_conversations
-from draftgen.datasets.presets import expand_datasets, registry
+from draftgen.presets import expand_datasets, registry
 
 SPECFORGE = "SpecForge scripts/prepare_data.py"
 SPECULATORS = "speculators 0.9.0 data_generation/configs.py"
@@ -203,6 +203,12 @@ def _preset_config(name: str, data: Path, **fields: Any) -> DatasetConfig:
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return path
+
+
+def test_every_preset_maps_its_rows_with_known_keys() -> None:
+    for preset in registry().presets.values():
+        if preset.rows is not None:
+            RowMapping.model_validate(preset.rows)
 
 
 def test_every_preset_has_a_fixture_row() -> None:

@@ -658,7 +658,7 @@ def datasets(
     become messages and tools, which rows it drops, and the datasets it stands for. Any field
     of a preset can be overridden in run.yaml (`path:` a local copy, `limit:`, `split:`...); a
     mix's total `max_output_tokens` is shared among its sets by weight."""
-    from draftgen.datasets.presets import print_preset, print_presets
+    from draftgen.presets import print_preset, print_presets
 
     out = _console(soft_wrap=name is not None)
     if name is None:

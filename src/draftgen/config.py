@@ -569,7 +569,7 @@ class RunConfig(_Strict):
         if not isinstance(datasets, list) or not any(
                 isinstance(d, dict) and ({"preset", "preset_mix"} & d.keys()) for d in datasets):
             return datasets
-        from draftgen.datasets.presets import expand_datasets  # the registry loads on use
+        from draftgen.presets import expand_datasets  # the registry loads on use
 
         return expand_datasets(datasets)
 

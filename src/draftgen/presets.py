@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from draftgen.config import RowMapping
 from draftgen.errors import DraftgenError
 
 if TYPE_CHECKING:
@@ -57,8 +56,9 @@ class Preset(_Data):
     """Approximate rows, as the dataset card gives them."""
     licence: str
     about: str
-    rows: RowMapping | None = None
-    """How a row becomes messages and tools; None: its schema is detected."""
+    rows: dict[str, Any] | None = None
+    """How a row becomes messages and tools (`config.RowMapping`, checked when the entry it
+    expands to is); None: its schema is detected."""
     parts: dict[str, Part] = Field(default_factory=dict)
 
     def dataset_fields(self, part: str | None = None) -> dict[str, Any]:
@@ -68,7 +68,7 @@ class Preset(_Data):
         if self.subset is not None:
             fields["subset"] = self.subset
         if self.rows is not None:
-            fields["rows"] = self.rows.model_dump(exclude_defaults=True)
+            fields["rows"] = dict(self.rows)
         if part is not None:
             chosen = self.parts[part]
             fields["name"] = f"{self.name}-{part}"
@@ -101,7 +101,7 @@ class Registry(_Data):
 @cache
 def registry() -> Registry:
     """presets.yaml, read once and checked: every mix names known presets."""
-    text = resources.files("draftgen.datasets").joinpath("presets.yaml").read_text("utf-8")
+    text = resources.files("draftgen").joinpath("presets.yaml").read_text("utf-8")
     data = yaml.safe_load(text)
     for kind in ("presets", "mixes"):
         for name, entry in data.get(kind, {}).items():
