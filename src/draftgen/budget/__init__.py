@@ -30,6 +30,7 @@ from draftgen.budget.pool import (
     tokens_key,
 )
 from draftgen.budget.run_budget import Budget, SharedBudget, budget_for
+from draftgen.budget.spend_rate import SpendRateError, least_output_tokens, refuse_impossible_rate
 
 __all__ = [
     "POLL_S",
@@ -51,10 +52,13 @@ __all__ = [
     "Reservation",
     "ShardLease",
     "SharedBudget",
+    "SpendRateError",
     "answer_cost",
     "believable",
     "budget_for",
     "describe_pool",
+    "least_output_tokens",
+    "refuse_impossible_rate",
     "run_totals",
     "spend_of",
     "tokens_key",
