@@ -58,3 +58,8 @@ async def test_a_signal_set_before_the_wait_ends_it_and_a_result_ready_is_kept()
         await stop.sleep(3600)
     with pytest.raises(Stopped):
         await stop.race(asyncio.sleep(3600))
+
+
+async def test_a_race_times_out_when_asked() -> None:
+    with pytest.raises(TimeoutError):
+        await StopSignal().race(asyncio.sleep(3600), timeout=0.01)

@@ -119,8 +119,7 @@ class BackendSlots:
                                     f" (the probe found {unfit} unsafe for them)")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await self._stop.race(asyncio.wait_for(self._changed.wait(),
-                                                       self._next_unpause()))
+                await self._stop.race(self._changed.wait(), timeout=self._next_unpause())
 
     def _next_unpause(self) -> float | None:
         now = time.monotonic()

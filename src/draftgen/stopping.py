@@ -49,19 +49,23 @@ class StopSignal:
                 self._stopped.set_result(None)
         return self._stopped
 
-    async def race(self, aw: Awaitable[T]) -> T:
+    async def race(self, aw: Awaitable[T], timeout: float | None = None) -> T:
         """`aw`'s result; `Stopped`, with `aw` cancelled (and its clean-up awaited), as soon as
-        the signal is set. An `aw` that ends together with the stop keeps its result."""
+        the signal is set; TimeoutError, likewise, after `timeout` seconds. An `aw` that ends
+        together with the stop keeps its result."""
         task = asyncio.ensure_future(aw)
         try:
             if not self._set:
-                await asyncio.wait((task, self._watch()), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((task, self._watch()), timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not task.done():
                 task.cancel()
                 await asyncio.wait((task,))
-        if task.cancelled() and self._set:
-            raise Stopped("the run is stopping")
+        if task.cancelled():
+            if self._set:
+                raise Stopped("the run is stopping")
+            raise TimeoutError
         return task.result()
 
     async def sleep(self, seconds: float) -> None:

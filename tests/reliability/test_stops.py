@@ -214,6 +214,7 @@ def test_a_stop_ends_the_run_whatever_it_waits_on(tmp_path: Path, qwen3_dir: Pat
     assert proc.returncode == stop.exit_code, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     assert not folder.corrupt and not folder.duplicated
+    assert not any(folder.failed.values()), folder.failed  # a stop fails no prompt
     assert _last_session(run_dir)["outcome"] == stop.outcome
 
 
