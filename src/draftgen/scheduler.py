@@ -5,6 +5,9 @@
   local servers first, paid overflow second).
 - `send_with_retries` retries one request with exponential back-off and jitter, honouring
   `Retry-After`. Only that request waits: one 429 never pauses the others.
+
+Both wait against the run's `StopSignal`: a stop ends a wait for a slot (whatever pauses the
+backends) and a back-off at once, with `Stopped`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 from draftgen.backends import Backend
 from draftgen.errors import DraftgenError
+from draftgen.stopping import StopSignal
 from draftgen.types import BackendError, Prompt, RawAnswer
 
 log = logging.getLogger("draftgen.scheduler")
@@ -69,12 +73,15 @@ class BackendState:
 
 class BackendSlots:
     def __init__(self, backends: Sequence[Backend],
-                 unfit: Mapping[str, frozenset[str]] | None = None) -> None:
-        """`unfit`: backend name -> the needs it must not be sent (from the probe)."""
+                 unfit: Mapping[str, frozenset[str]] | None = None,
+                 stop: StopSignal | None = None) -> None:
+        """`unfit`: backend name -> the needs it must not be sent (from the probe). `stop`: the
+        run's, which ends a wait in `acquire`."""
         self.states = {b.name: BackendState(b, unfit=(unfit or {}).get(b.name, NO_NEEDS))
                        for b in backends}
         self._by_priority = sorted(self.states.values(), key=lambda s: s.backend.cfg.priority)
         self._changed = asyncio.Event()
+        self._stop = stop or StopSignal()
 
     @property
     def in_flight(self) -> int:
@@ -95,7 +102,8 @@ class BackendSlots:
         return best
 
     async def acquire(self, needs: frozenset[str] = NO_NEEDS) -> Backend:
-        """A backend for a prompt with these `needs`, waiting for a free one."""
+        """A backend for a prompt with these `needs`, waiting for a free one; `Stopped` when
+        the run stops meanwhile."""
         while True:
             state = self._pick(needs)
             if state is not None:
@@ -111,7 +119,7 @@ class BackendSlots:
                                     f" (the probe found {unfit} unsafe for them)")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self._next_unpause())
+                await self._stop.race(self._changed.wait(), timeout=self._next_unpause())
 
     def _next_unpause(self) -> float | None:
         now = time.monotonic()
@@ -179,13 +187,15 @@ def backoff_delay(attempt: int, base: float, cap: float, retry_after: float | No
 
 async def send_with_retries(
     backend: Backend, prompt: Prompt, input_ids: list[int], max_tokens: int,
-    on_error: Callable[[BackendError], None] | None = None,
+    on_error: Callable[[BackendError], None] | None = None, stop: StopSignal | None = None,
 ) -> tuple[RawAnswer, int]:
     """Send one prompt, retrying retryable errors. Returns the answer and the retry count.
 
     A Retry-After longer than the backend's `backoff_max_s` is not waited out within this run:
-    the request fails with its kind and is retried by a later run.
+    the request fails with its kind and is retried by a later run. A `stop` set before a retry
+    is sent ends the back-off with `Stopped` (the request is neither answered nor failed).
     """
+    stop = stop or StopSignal()
     cfg = backend.cfg
     attempt = 0
     while True:
@@ -203,4 +213,4 @@ async def send_with_retries(
             log.debug("%s: %s on %s, retry %d in %.1fs", prompt.id, e.kind, backend.name,
                       attempt + 1, delay)
             attempt += 1
-            await asyncio.sleep(delay)
+            await stop.sleep(delay)

@@ -30,6 +30,7 @@ from draftgen.budget.pricing import (
     too_small,
 )
 from draftgen.budget.run_budget import Budget, SharedBudget, budget_for
+from draftgen.budget.spend_rate import SpendRateError, least_output_tokens, refuse_impossible_rate
 
 __all__ = [
     "POLL_S",
@@ -51,11 +52,14 @@ __all__ = [
     "Reservation",
     "ShardLease",
     "SharedBudget",
+    "SpendRateError",
     "budget_for",
     "counted_cost",
     "describe_pool",
     "is_cost",
+    "least_output_tokens",
     "lookup_cost",
+    "refuse_impossible_rate",
     "run_totals",
     "spend_of",
     "tokens_key",

@@ -17,7 +17,8 @@ request is admitted only when its worst case fits in what is neither spent nor r
 The spend rate (`usd_per_minute`) is a token bucket of dollars: capacity one minute's worth,
 refilled continuously; a request takes its worst case from it and gets the difference back when
 it settles. A request whose worst case alone exceeds the bucket is admitted when the bucket is
-full, so a rate below one request's worst case slows the run to one such request per minute.
+full (which then goes below zero: the average rate holds). A rate below one request's output
+worst case is refused at start (`budget.spend_rate`).
 
 In a sharded run each shard's ledger holds the shard's lease on the run's budgets instead of the
 budgets themselves (`usd` and the token limits follow the lease; `budget.lease`).

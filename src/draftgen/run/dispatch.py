@@ -23,6 +23,7 @@ from draftgen.run.request import BUDGET_PAUSE, Requests
 from draftgen.run.resume import Queues
 from draftgen.run.state import RunState
 from draftgen.scheduler import BackendSlots, NoBackendFits, NoBackendLeft, needs_of
+from draftgen.stopping import Stopped
 from draftgen.store.space import SpaceGuard
 from draftgen.types import Prompt
 
@@ -51,17 +52,30 @@ class Dispatcher:
 
     async def run(self, slots: BackendSlots) -> None:
         """Send every queued prompt the budgets allow, until done or stopped; then wait for
-        the requests in flight. NoBackendLeft when no backend is left to send to."""
+        the requests in flight. NoBackendLeft when no backend is left to send to. Every wait
+        of the dispatcher races the run's stop (`RunState.stopping`): a stop ends it at once."""
         self.requests.slots = slots
+        try:
+            await self._send_all(slots)
+        except Stopped:
+            pass
+        except NoBackendLeft:
+            await self.drain()
+            raise
+        await self.drain()
+
+    async def _send_all(self, slots: BackendSlots) -> None:
+        stopping = self.state.stopping
         while self.state.sending and not self.out_of_space():
             picked = await self._next_pending()
             if picked is None:
                 if not self.tasks:
                     if not self._waiting_for_shards():
                         break
-                    await asyncio.sleep(POLL_S)
+                    await stopping.sleep(POLL_S)
                     continue
-                await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+                await stopping.race(asyncio.wait(self.tasks,
+                                                 return_when=asyncio.FIRST_COMPLETED))
                 continue
             item, max_tokens = picked
             dataset = item.dataset
@@ -71,9 +85,8 @@ class Dispatcher:
             except NoBackendFits as e:
                 self._leave_unsent(item, str(e))
                 continue
-            except NoBackendLeft:
+            except (NoBackendLeft, Stopped):
                 self.queues[dataset].appendleft(item)
-                await self.drain()
                 raise
             if not self.state.sending:
                 slots.release(backend)
@@ -94,7 +107,6 @@ class Dispatcher:
                 self.requests.answer(item, backend, max_tokens, admission.reservation))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-        await self.drain()
 
     def _admit(self, dataset: str, max_tokens: int, prompt_tokens: int, backend: Backend
                ) -> Admission:

@@ -32,6 +32,7 @@ from draftgen.run.record import make_record
 from draftgen.run.state import RunState
 from draftgen.run.trajectories import Conversation
 from draftgen.scheduler import BackendSlots, send_with_retries
+from draftgen.stopping import Stopped
 from draftgen.store import Store, StoreError
 from draftgen.store.record import Record
 from draftgen.tokenize import OffLoopBatcher
@@ -127,7 +128,8 @@ class Requests:
             raw, retries = await send_with_retries(
                 backend, prompt, input_ids, max_tokens,
                 on_error=lambda e: self._on_attempt_error(e, backend, reservation, attempts,
-                                                          counters))
+                                                          counters),
+                stop=self.state.stopping)
             await self._learn_bills(backend, attempts, counters)
             rebuilt = await self._rebuilt(raw, prompt)
             cost, source = self._cost(
@@ -160,6 +162,12 @@ class Requests:
                 self.ledger.settle(reservation, len(record.output_ids), cost)
                 settled = True
                 counters.cost += cost
+        except Stopped:  # the run stopped during a back-off: not sent again, left pending
+            self.ledger.settle(reservation, 0, 0.0)  # its billed attempts are charged already
+            settled = True
+            self.unsettled_usd += attempts.usd  # on no disk: later sessions count it from here
+            self.requeue(item)
+            self._journal_quietly("dropped", prompt, reason="stopped")
         except asyncio.CancelledError:
             self._journal_quietly("dropped", prompt, reason="aborted")
             raise

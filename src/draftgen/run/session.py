@@ -23,7 +23,14 @@ from typing import Any
 
 from draftgen.backends import Backend, BackendNotReady, make_backend
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
-from draftgen.budget import BudgetPool, PriceWatch, budget_for, counted_cost, too_small
+from draftgen.budget import (
+    BudgetPool,
+    PriceWatch,
+    budget_for,
+    counted_cost,
+    refuse_impossible_rate,
+    too_small,
+)
 from draftgen.config import ConfigError, Price
 from draftgen.perf import tuned_gc
 from draftgen.probe import Gate, ProbeOptions, gate_backends
@@ -42,6 +49,7 @@ from draftgen.run.resume import (
 )
 from draftgen.run.state import Outcome, RunState
 from draftgen.scheduler import BackendSlots, NoBackendLeft
+from draftgen.stopping import Stopped
 from draftgen.store import RunLock, Store, StoreError
 from draftgen.store.rescue import write_rescue
 from draftgen.store.resume import StoredElsewhere
@@ -87,7 +95,6 @@ class Runner:
         self.probe_usd = 0.0
         """What this session's probe requests count for (also in run.json's session)."""
         self.session = 0
-        self._starting: asyncio.Future[bool] | None = None
         self._rescue_file: Path | None = None
         self._killed: KilledSession | None = None
         """The last session, when it was killed (`resume.killed_session`)."""
@@ -262,7 +269,7 @@ class Runner:
             display = ProgressDisplay(self.counters, live=self.live_display)
             display_task = asyncio.create_task(display.run())
             try:
-                await self._dispatch(BackendSlots(backends, self._unfit))
+                await self._dispatch(BackendSlots(backends, self._unfit, self.state.stopping))
             except NoBackendLeft as e:
                 if self.state.budget_stop:
                     log.warning("%s", self.state.budget_stop)
@@ -284,20 +291,17 @@ class Runner:
         """Start the backends (a fleet may be waited for), price them, probe them. A stop asked
         meanwhile cancels all this and the run ends having sent nothing (False), as does a
         probe that leaves no backend."""
-        self._starting = asyncio.ensure_future(self._start_backends(backends))
         try:
-            return await self._starting and self.state.sending
-        except asyncio.CancelledError:
-            if self.state.sending:  # cancelled from outside, not by request_stop
-                raise
+            return (await self.state.stopping.race(self._start_backends(backends))
+                    and self.state.sending)
+        except Stopped:
             return False
-        finally:
-            self._starting = None
 
     async def _start_backends(self, backends: list[Backend]) -> bool:
         for b in backends:
             await b.start()
         await self._resolve_prices(backends)
+        refuse_impossible_rate(self.cfg, self.prices, self.ledger.usd_per_minute)
         return await self._probe_gate(backends)
 
     def _outcome(self) -> Outcome:
@@ -312,8 +316,8 @@ class Runner:
     # ---- stopping ------------------------------------------------------------------------
 
     def request_stop(self, now: bool = False) -> None:
-        if self._starting is not None:  # nothing of the run sent yet: stop starting
-            self._starting.cancel()
+        """A stop (SIGINT, SIGTERM, `draftgen stop`): no new request, and every wait under way
+        ends (`RunState.stopping`); `now`, or a second stop, also drops those in flight."""
         if now or not self.state.sending:
             self.state.abort()
             self.counters.status = "aborting"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from draftgen.progress import RunCounters
+from draftgen.stopping import StopSignal
 
 
 class Phase(enum.Enum):
@@ -26,6 +27,9 @@ class RunState:
     """The first reason the run failed: set, the outcome is "failed"."""
     budget_stop: str | None = None
     """Set when budget.usd stopped the paid backends: the prompts left are skipped."""
+    stopping: StopSignal = field(default_factory=StopSignal)
+    """Set as soon as the run stops sending (a stop, an abort, a failure): every wait of the
+    dispatcher, the scheduler and the start-up races it (`draftgen.stopping`)."""
 
     @property
     def sending(self) -> bool:
@@ -39,10 +43,12 @@ class RunState:
         """Send nothing new; what is in flight is still answered."""
         if self.phase is Phase.RUNNING:
             self.phase = Phase.STOPPING
+        self.stopping.set()
 
     def abort(self) -> None:
         """Send nothing new and drop what is in flight."""
         self.phase = Phase.ABORTING
+        self.stopping.set()
 
     def fail(self, why: str, *, stop: bool = True) -> None:
         """The run fails with `why` (unless it failed already: the first cause is the one to
