@@ -115,6 +115,7 @@ def _print_plan(plan: Plan) -> None:
 
     from draftgen.config import LlamaCppConfig
     from draftgen.formats import FormatError
+    from draftgen.run.projection import dataset_work, print_projection
     from draftgen.run.render import render_each
     from draftgen.tokenize import chunked
 
@@ -127,6 +128,7 @@ def _print_plan(plan: Plan) -> None:
     for col in ("dataset", "rows", "prompts", "bad rows", "duplicates", "prompt tokens",
                 "max prompt"):
         table.add_column(col, justify="left" if col == "dataset" else "right")
+    work = []
     for ds in plan.datasets:
         rendered = [ids for batch in chunked(ds.prompts, 512)
                     for ids in render_each(plan.fmt, batch)]
@@ -137,7 +139,9 @@ def _print_plan(plan: Plan) -> None:
         table.add_row(ds.name, f"{ds.load.rows:,}", f"{ds.load.prompts:,}",
                       f"{ds.load.bad_rows + len(refused):,}", f"{ds.load.duplicates:,}",
                       f"{sum(lengths):,}", f"{max(lengths, default=0):,}")
+        work.append(dataset_work(plan, ds, rendered))
     out.print(table)
+    print_projection(out, plan, work)
     for ds in plan.datasets:
         for bad in ds.load.examples[:10]:
             out.print(f"  bad row {bad.source}: {bad.reason}", highlight=False, markup=False)

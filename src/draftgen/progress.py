@@ -104,6 +104,27 @@ class RunCounters:
         return answers_s, tokens_s, (t.cost - cost0) / span * 60
 
 
+def projected(counters: RunCounters) -> str:
+    """The run's spend once every pending prompt is answered at this session's cost per answer
+    so far, and the time left at the last minute's answers/s ("" before the first answer)."""
+    t = counters.total()
+    if not t.done:
+        return ""
+    answers_s = counters.sample()[0]
+    final = t.cost_before + t.cost + t.pending * t.cost / t.done
+    eta = f" · ETA {duration_text(t.pending / answers_s)}" if answers_s > 0 and t.pending else ""
+    return f" · projected ${final:.4f}{eta}"
+
+
+def duration_text(seconds: float) -> str:
+    """"45s", "12min", "3.5h"."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}min"
+    return f"{seconds / 3600:.1f}h"
+
+
 def _throttled(counters: RunCounters) -> str:
     return " (throttled: spend rate)" if counters.throttled else ""
 
@@ -126,7 +147,8 @@ def render_table(counters: RunCounters) -> Group:
     footer = Text(
         f"{counters.status}{_throttled(counters)} · in flight {t.in_flight:,} · "
         f"{answers_s:.1f} answers/s · "
-        f"{tokens_s:,.0f} tokens/s · ${t.cost:.4f} spent · ${usd_min:.4f}/min · "
+        f"{tokens_s:,.0f} tokens/s · ${t.cost:.4f} spent · ${usd_min:.4f}/min"
+        f"{projected(counters)} · "
         f"{time.monotonic() - counters.started:.0f}s{_loop(counters, ' · ')}"
     )
     return Group(table, footer)
@@ -162,7 +184,7 @@ def progress_line(counters: RunCounters) -> str:
         f"(+{t.done:,} now) failed {t.failed:,} skipped {t.skipped:,} pending {t.pending:,} "
         f"in flight {t.in_flight:,} "
         f"| {answers_s:.1f} answers/s {tokens_s:,.0f} tokens/s | ${t.cost:.4f} ${usd_min:.4f}/min"
-        f"{_loop(counters, ' | ')}"
+        f"{projected(counters)}{_loop(counters, ' | ')}"
     )
 
 

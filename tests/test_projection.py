@@ -1,0 +1,113 @@
+"""The cost and time projection (`draftgen run --dry-run`, the progress line) against real runs
+on the loopback test engine: a run answers part of its prompts, the projection of the rest is
+made from those answers, then the rest is answered and the projection compared with what it
+really cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from draftgen.config import load_config
+from draftgen.progress import DatasetCounters, RunCounters, progress_line
+from draftgen.run import prepare
+from draftgen.run.projection import (
+    DatasetWork,
+    configured_prices,
+    dataset_work,
+    project,
+)
+from draftgen.run.render import render_each
+from draftgen.status import collect_status
+from draftgen.testing.fake_engine import TestServer
+from tests.e2e_helpers import fast_backend, run_config, write_config
+from tests.reliability.helpers import prompt_rows, write_jsonl
+
+PRICE = {"prompt": 10.0, "completion": 30.0}
+SHORT = {"reasoning_tokens": (10, 60), "content_tokens": (10, 60), "latency_s": 0.05}
+
+
+def _config(tmp_path: Path, qwen3_dir: Path, url: str, **dataset: Any) -> Path:
+    data = write_jsonl(tmp_path / "d.jsonl", prompt_rows(120))
+    return write_config(tmp_path, qwen3_dir,
+                        backends=[fast_backend("paid", "openai", url, concurrency=4,
+                                               price=PRICE, paid=True)],
+                        datasets=[{"name": "d", "path": str(data), **dataset}],
+                        sampling={"max_tokens": 256})
+
+
+def _work(cfg_path: Path) -> tuple[Any, list[DatasetWork]]:
+    plan = prepare(load_config(cfg_path))
+    work = [dataset_work(plan, ds, render_each(plan.fmt, list(ds.prompts)))
+            for ds in plan.datasets]
+    return plan, work
+
+
+def test_the_projection_of_the_rest_is_close_to_what_it_cost(tmp_path: Path,
+                                                             qwen3_dir: Path) -> None:
+    with TestServer(**SHORT) as server:
+        cfg = _config(tmp_path, qwen3_dir, server.url, max_prompts=40)
+        assert run_config(cfg).status == "completed"
+        first = collect_status(tmp_path / "run").total.sums
+        data = yaml.safe_load(cfg.read_text())
+        del data["datasets"][0]["max_prompts"]
+        cfg.write_text(yaml.safe_dump(data))
+        plan, work = _work(cfg)
+        p = project(plan.cfg, work, configured_prices(plan.cfg), None)
+        assert run_config(cfg).status == "completed"
+    row = p.datasets[0]
+    total = collect_status(tmp_path / "run").total.sums
+    spent, tokens = total.cost - first.cost, total.output_tokens - first.output_tokens
+    print(f"projected {row.output_tokens:,.0f} tokens ${row.usd_expected:.4f}; answered "
+          f"{tokens:,} tokens ${spent:.4f}")
+    assert row.prompts == 80 and row.shape is not None and row.shape.answers == 40
+    assert row.output_tokens == pytest.approx(tokens, rel=0.25)
+    assert row.usd_expected == pytest.approx(spent, rel=0.25)
+    assert row.usd_low is not None and row.usd_high is not None
+    assert row.usd_low <= row.usd_expected <= row.usd_high
+    assert spent <= row.usd_high
+    assert p.wall_s is not None and p.stops_first == "all prompts answered"
+
+
+def test_which_budget_stops_first(tmp_path: Path, qwen3_dir: Path) -> None:
+    with TestServer(**SHORT) as server:
+        cfg = _config(tmp_path, qwen3_dir, server.url, max_prompts=20)
+        assert run_config(cfg).status == "completed"
+    data = yaml.safe_load(cfg.read_text())
+    del data["datasets"][0]["max_prompts"]
+    spent = collect_status(tmp_path / "run").total.sums.cost
+    data["budget"] = {"usd": spent * 3}  # about 40 more answers' worth
+    cfg.write_text(yaml.safe_dump(data))
+    plan, work = _work(cfg)
+    p = project(plan.cfg, work, configured_prices(plan.cfg), None)
+    assert p.stops_first.startswith("budget.usd")
+    answers = int(p.stops_first.split("~")[1].split()[0].replace(",", ""))
+    assert 25 <= answers <= 60
+    data["budget"] = {}
+    data["datasets"][0]["max_output_tokens"] = int(work[0].shape.output_tokens * 30)
+    cfg.write_text(yaml.safe_dump(data))
+    plan, work = _work(cfg)
+    p = project(plan.cfg, work, configured_prices(plan.cfg), None)
+    assert p.stops_first.startswith("d: max_output_tokens after ~")
+
+
+def test_nothing_measured_gives_the_bound_only(tmp_path: Path, qwen3_dir: Path) -> None:
+    cfg = _config(tmp_path, qwen3_dir, "http://127.0.0.1:9")
+    plan, work = _work(cfg)
+    p = project(plan.cfg, work, configured_prices(plan.cfg), None)
+    row = p.datasets[0]
+    assert row.prompts == 120 and row.output_tokens is None and row.usd_expected is None
+    assert row.output_tokens_max == 120 * 256 and row.usd_high is not None
+    assert p.wall_s is None
+
+
+def test_the_progress_line_projects_the_spend() -> None:
+    counters = RunCounters()
+    counters.datasets["d"] = DatasetCounters(total=100, done_before=10, cost_before=1.0)
+    assert "projected" not in progress_line(counters)
+    d = counters.datasets["d"]
+    d.done, d.cost = 30, 3.0
+    assert "projected $10.0000" in progress_line(counters)  # 1 + 3 + 60 pending x $0.10
