@@ -74,7 +74,8 @@ class Dispatcher:
                         break
                     await stopping.sleep(POLL_S)
                     continue
-                await stopping.race(asyncio.wait(self.tasks,
+                # a copy: the set empties as tasks end, before the race starts the wait
+                await stopping.race(asyncio.wait(set(self.tasks),
                                                  return_when=asyncio.FIRST_COMPLETED))
                 continue
             item, max_tokens = picked
