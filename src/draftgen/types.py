@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, overload
+from typing import Annotated, Any, Literal, TypeVar, overload
+
+import msgspec
 
 from draftgen.errors import DraftgenError
 from draftgen.redact import redact
@@ -37,23 +39,27 @@ class Prompt:
     """Where it came from, for error messages: "path:line" or "path[row]"."""
 
 
-@dataclass(slots=True)
-class Usage:
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    cached_tokens: int | None = None
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
+
+class Usage(msgspec.Struct, kw_only=True, gc=False):
+    """The token counts (and cost) the server reported for the answer, as reported: what a
+    backend reads off the wire and what a record stores (`store.record.Record.usage`)."""
+
+    prompt_tokens: Int64 | None = None
+    """Tokens of the prompt."""
+    completion_tokens: Int64 | None = None
+    """Tokens of the answer, reasoning included."""
+    reasoning_tokens: Int64 | None = None
+    """Tokens of the reasoning."""
+    cached_tokens: Int64 | None = None
+    """Prompt tokens served from the server's prefix cache."""
     cost: float | None = None
-    """USD, as reported by the backend (OpenRouter `usage.cost`); None when not reported."""
+    """What the API said the request cost (USD; OpenRouter `usage.cost`); None when not
+    reported."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
-            "cached_tokens": self.cached_tokens,
-            "cost": self.cost,
-        }
+        return msgspec.structs.asdict(self)
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ import time
 import msgspec
 
 from draftgen.backends import Backend
-from draftgen.store.record import Record, Usage
+from draftgen.store.record import Record
 from draftgen.store.routing import routing_problems
 from draftgen.types import Prompt, RawAnswer, Rebuilt
 
@@ -24,7 +24,6 @@ def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: R
     served_by = {"provider": raw.provider, "quantization": raw.quantization}
     routing = backend.cfg.provider_routing
     flags.extend(f"{p}_by_config" for p in routing_problems(served_by, routing))
-    usage = raw.usage
     return Record(
         id=prompt.id,
         dataset=prompt.dataset,
@@ -43,9 +42,7 @@ def make_record(prompt: Prompt, input_ids: list[int], raw: RawAnswer, rebuilt: R
         provider=raw.provider,
         quantization=raw.quantization,
         model=raw.model,
-        usage=Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                    reasoning_tokens=usage.reasoning_tokens, cached_tokens=usage.cached_tokens,
-                    cost=usage.cost),
+        usage=raw.usage,
         cost_usd=round(cost, 8),
         cost_source=cost_source,
         request_id=raw.request_id,

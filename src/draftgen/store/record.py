@@ -16,25 +16,10 @@ import msgspec
 import orjson
 
 from draftgen.errors import DraftgenError
+from draftgen.types import Usage
 
-Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
-
-
-class Usage(msgspec.Struct, kw_only=True, gc=False):
-    """The token counts (and cost) the server reported for the answer, as reported."""
-
-    prompt_tokens: Int64 | None = None
-    """Tokens of the prompt."""
-    completion_tokens: Int64 | None = None
-    """Tokens of the answer, reasoning included."""
-    reasoning_tokens: Int64 | None = None
-    """Tokens of the reasoning."""
-    cached_tokens: Int64 | None = None
-    """Prompt tokens served from the server's prefix cache."""
-    cost: float | None = None
-    """What the API said the request cost (USD)."""
 
 
 class Record(msgspec.Struct, kw_only=True, gc=False):
