@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """draftgen beside speculators' own `regenerate-responses`, on one real vLLM (CPU).
 
-Both regenerate the same prompts (examples/data/quickstart.jsonl, 24, greedy, seed 42) on the
+Both regenerate the same prompts (examples/data/quickstart.jsonl, 24, greedy, seed 42; given
+to both as `messages` rows, as draftgen reads each of the file's four schemas: the peer reads
+`messages`, `conversations` or `prompt` only and skips the other 18 rows without a word) on the
 same `vllm serve` (scripts/build_vllm.sh: SmolLM2-135M-Instruct, float32, one core), at the same
 concurrency, one after the other:
 
@@ -38,19 +40,21 @@ import orjson
 import yaml
 
 from draftgen.assets import vllm_missing
+from draftgen.datasets.schema import conversation_from_row
 from draftgen.testing.vllm_server import VLLMServer
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = ROOT / "examples" / "data" / "quickstart.jsonl"
+QUICKSTART = ROOT / "examples" / "data" / "quickstart.jsonl"
 DATASET = "q"
 
 
 class Tool:
     """One client: how to start it, where its rows land and how to read them back."""
 
-    def __init__(self, name: str, folder: Path) -> None:
+    def __init__(self, name: str, folder: Path, prompts: Path) -> None:
         self.name = name
         self.folder = folder
+        self.prompts = prompts
 
     def command(self, server: VLLMServer, args: argparse.Namespace, resume: bool) -> list[str]:
         raise NotImplementedError
@@ -78,7 +82,7 @@ class Draftgen(Tool):
                          "max_tokens": args.max_tokens},
             "backends": [{"name": "vllm", "type": "vllm", "url": server.url,
                           "concurrency": args.concurrency}],
-            "datasets": [{"name": DATASET, "path": str(PROMPTS)}],
+            "datasets": [{"name": DATASET, "path": str(self.prompts)}],
         }
         path = self.folder / "run.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -111,7 +115,7 @@ class Peer(Tool):
         return [sys.executable, "-m", "speculators", "regenerate-responses",
                 "--endpoint", server.url + "/v1/chat/completions",
                 # a path: its detokenizer loads the tokenizer from --model
-                "--model", server.served_name, "--dataset", str(PROMPTS),
+                "--model", server.served_name, "--dataset", str(self.prompts),
                 "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens),
                 "--sampling-params", json.dumps({"temperature": 0.0, "top_p": 1.0, "seed": 42}),
                 "--outfile", str(self.output), *(["--resume"] if resume else [])]
@@ -135,6 +139,14 @@ class Peer(Tool):
     def errors(self) -> list[str]:
         return [str(orjson.loads(line)["metadata"].get("error")) for line in
                 _lines(self.folder / "peer.errors.jsonl")]
+
+
+def messages_rows(out: Path) -> Path:
+    """The quickstart's prompts as `messages` rows, each as draftgen reads its row."""
+    rows = [orjson.loads(line) for line in _lines(QUICKSTART)]
+    out.write_bytes(b"".join(orjson.dumps(
+        {"id": r["id"], "messages": conversation_from_row(r).messages}) + b"\n" for r in rows))
+    return out
 
 
 def _lines(path: Path) -> list[bytes]:
@@ -174,7 +186,8 @@ def killed_part_way(tool: Tool, cmd: list[str], at: int) -> dict[str, Any]:
 
 def measure(tool_cls: type[Tool], name: str, root: Path, server: VLLMServer,
             args: argparse.Namespace, n: int) -> tuple[dict[str, Any], dict[str, list[int]]]:
-    full = tool_cls(name, root / f"{name}-full")
+    prompts = root / "prompts.jsonl"
+    full = tool_cls(name, root / f"{name}-full", prompts)
     full.folder.mkdir(parents=True)
     cost = run_to_end(full.command(server, args, resume=False))
     rows, torn = full.rows()
@@ -183,7 +196,7 @@ def measure(tool_cls: type[Tool], name: str, root: Path, server: VLLMServer,
                               "answers_per_s": round(len(rows) / cost["wall_s"], 2),
                               "errors": len(errors),
                               "error_kinds": dict(Counter(e[:160] for e in errors))}
-    killed = tool_cls(name, root / f"{name}-killed")
+    killed = tool_cls(name, root / f"{name}-killed", prompts)
     killed.folder.mkdir(parents=True)
     result["kill"] = killed_part_way(killed, killed.command(server, args, resume=False), n // 3)
     run_to_end(killed.command(server, args, resume=True))
@@ -216,10 +229,10 @@ def main() -> None:
     missing = vllm_missing()
     if missing:
         sys.exit(missing)
-    n = len(_lines(PROMPTS))
     with tempfile.TemporaryDirectory(prefix="peer-") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
+        n = len(_lines(messages_rows(root / "prompts.jsonl")))
         server = VLLMServer(root / "vllm.log")
         server.served_name = str(server.model)
         with server:
