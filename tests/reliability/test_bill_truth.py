@@ -199,8 +199,8 @@ def test_a_reported_cost_never_counts_less_than_the_price(
     sources = {r["cost_source"] for r in records}
     expected = {0: {"priced"}, 1e308: {"reported"}}.get(reported, {"worst_case_report_refused"})
     assert sources == expected
-    if reported == 1e308:
-        assert len(records) == 1 and st.total.sums.cost == pytest.approx(1e308)
+    if reported == 1e308:  # nothing sent once the first answer told: those in flight only
+        assert len(records) <= 2 and st.total.sums.cost >= 1e308
     else:
         assert st.total.sums.cost >= bill - 1e-12
     if sources == {"worst_case_report_refused"}:

@@ -144,6 +144,9 @@ def start_session(path: Path, config: dict[str, Any], tokenizer: dict[str, Any],
 
 # ---- each session's tokenizer, kept in the run folder ---------------------------------------
 
+KEEP_HEADROOM = 256 << 20
+"""Free space the run folder keeps beyond a tokenizer's copy (the default `min_free_mb`): the
+answers come first."""
 TOKENIZERS = ".tokenizers"
 """RUN/.tokenizers/<sha256>/ (hidden: no dataset can be named so): a copy of each tokenizer a
 session of the run used (its tokenizer.json and the files beside it a format reads, such as
@@ -187,6 +190,10 @@ def keep_tokenizer(root: Path, tokenizer: dict[str, Any]) -> Path | None:
         if not src.is_file() or src.suffix != ".json" or src.stat().st_size > KEEP_AT_MOST:
             log.info("%s: not a tokenizer.json file: no copy kept in the run folder (audit and "
                      "export read it where it is)", src)
+            return None
+        if shutil.disk_usage(root).free < src.stat().st_size + KEEP_HEADROOM:
+            log.warning("%s: too little free space in the run folder to keep a copy of the "
+                        "tokenizer; audit and export need the file unchanged at its path", src)
             return None
         data = src.read_bytes()
         if hashlib.sha256(data).hexdigest() != sha:
