@@ -38,6 +38,12 @@ def _result(cases: list[dict[str, Any]]) -> str:
     return "passed"
 
 
+def _numbered(scenario: str) -> tuple[int, str]:
+    """"10. Stops stop" after "9. ...": by the scenario's number, then its name."""
+    number, _, _ = scenario.partition(".")
+    return (int(number) if number.isdigit() else 1 << 30, scenario)
+
+
 def render(report: dict[str, Any]) -> str:
     cases = [c for c in report["cases"] if c["scenario"] != "(unlabelled)"]
     cases += [c for c in report["cases"] if c["scenario"] == "(unlabelled)"]
@@ -53,7 +59,7 @@ def render(report: dict[str, Any]) -> str:
         "| scenario | cases | runs | lost | duplicated | corrupt | crashed | result |",
         "|---|--:|--:|--:|--:|--:|--:|---|",
     ]
-    for scenario in sorted(by_scenario):
+    for scenario in sorted(by_scenario, key=_numbered):
         group = by_scenario[scenario]
         sums = [sum(c[k] for c in group) for k in ("runs", *COUNTS)]
         lines.append(f"| {_cell(scenario)} | {len(group)} | "
@@ -63,7 +69,7 @@ def render(report: dict[str, Any]) -> str:
         "| scenario | case | runs | lost | dup. | corrupt | crashed | result | observed |",
         "|---|---|--:|--:|--:|--:|--:|---|---|",
     ]
-    for scenario in sorted(by_scenario):
+    for scenario in sorted(by_scenario, key=_numbered):
         for c in by_scenario[scenario]:
             counts = " | ".join(f"{c[k]:,}" for k in ("runs", *COUNTS))
             seconds = f" ({c['duration_s']:.0f} s)" if c.get("duration_s") else ""
