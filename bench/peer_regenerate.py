@@ -65,6 +65,21 @@ class Tool:
 
     def rows(self) -> tuple[dict[str, list[int]], int]:
         """{prompt id: prompt + answer IDs} of the whole rows on disk, and the torn lines."""
+        out: dict[str, list[int]] = {}
+        torn = 0
+        for line in _lines(self.output):
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                torn += 1
+                continue
+            kept = self.row_ids(row)
+            if kept is not None:
+                out[kept[0]] = kept[1]
+        return out, torn
+
+    def row_ids(self, row: dict) -> tuple[str, list[int]] | None:
+        """A row's prompt id and its IDs, or None for a row that does not count."""
         raise NotImplementedError
 
     def errors(self) -> list[str]:
@@ -92,18 +107,10 @@ class Draftgen(Tool):
     def output(self) -> Path:
         return self.folder / "run" / DATASET / "responses.jsonl"
 
-    def rows(self) -> tuple[dict[str, list[int]], int]:
-        out: dict[str, list[int]] = {}
-        torn = 0
-        for line in _lines(self.output):
-            try:
-                r = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                torn += 1
-                continue
-            if (r["token_source"], r["token_check"]) == ("native", "exact"):
-                out[r["id"].split("/", 1)[1]] = r["input_ids"] + r["output_ids"]
-        return out, torn
+    def row_ids(self, row: dict) -> tuple[str, list[int]] | None:
+        if (row["token_source"], row["token_check"]) != ("native", "exact"):
+            return None
+        return row["id"].split("/", 1)[1], row["input_ids"] + row["output_ids"]
 
     def errors(self) -> list[str]:
         return [orjson.loads(line).get("error", "?") for line in
@@ -124,17 +131,8 @@ class Peer(Tool):
     def output(self) -> Path:
         return self.folder / "peer.jsonl"
 
-    def rows(self) -> tuple[dict[str, list[int]], int]:
-        out: dict[str, list[int]] = {}
-        torn = 0
-        for line in _lines(self.output):
-            try:
-                r = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                torn += 1
-                continue
-            out[r["primary_id"]] = r["input_ids"]
-        return out, torn
+    def row_ids(self, row: dict) -> tuple[str, list[int]] | None:
+        return row["primary_id"], row["input_ids"]
 
     def errors(self) -> list[str]:
         return [str(orjson.loads(line)["metadata"].get("error")) for line in
