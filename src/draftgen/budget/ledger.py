@@ -80,8 +80,6 @@ class Admission:
     settling: bool = False
     worst_usd: float = 0.0
     """The priced worst case of the request (also when it was not admitted)."""
-    learning: bool = False
-    """Priced while the backend's first answer has not told what it charges."""
 
 
 @dataclass
@@ -151,7 +149,7 @@ class Ledger:
                 worst *= margin
             if self.usd is not None and self.spent_usd + self.reserved_usd + worst > self.usd:
                 return Admission(exhausted=True, settling=self.priced_in_flight > 0,
-                                 worst_usd=worst, learning=learning)
+                                 worst_usd=worst)
             wait = self._take_from_bucket(worst)
             if wait > 0:
                 self.throttled = True

@@ -82,21 +82,20 @@ class PriceWatch:
                   if self.listed is not None else 0.0)
         return max(listed, (prompt_tokens + max_tokens) * self.usd_per_token)
 
-    def observe(self, reported: float | None, priced: float | None, tokens: int) -> float:
-        """One answer's reported cost beside its priced cost. Returns the factor by which the
-        reservation price rose (1.0: unchanged)."""
+    def observe(self, reported: float | None, priced: float | None, tokens: int) -> bool:
+        """One answer's reported cost beside its priced cost. True when it raised `ratio` (the
+        requests in flight then need re-reserving: `Ledger.reprice`)."""
         self.answers += 1
         if not is_cost(reported) or not reported:
-            return 1.0
+            return False
         assert reported is not None
-        before = self.worst(1, 1)
         if priced:
-            self.ratio = max(self.ratio, reported / priced)
-        elif tokens > 0:
+            before, self.ratio = self.ratio, max(self.ratio, reported / priced)
+            return self.ratio > before
+        if tokens > 0:
             self.reported_over_free += 1
             self.usd_per_token = max(self.usd_per_token, reported / tokens)
-        after = self.worst(1, 1)
-        return after / before if before > 0 and after > before else 1.0
+        return False
 
 
 def too_small(price: Price) -> bool:

@@ -111,9 +111,9 @@ class Dispatcher:
 
     def _admit(self, dataset: str, max_tokens: int, prompt_tokens: int, backend: Backend
                ) -> Admission:
-        """The budgets' word on one request to `backend`, at what the backend charges; a
-        backend that reports costs sends one request at a time until its first answer has
-        told what it charges beside its price."""
+        """The budgets' word on one request to `backend`, at what the backend charges; until a
+        backend that reports costs has answered once, its requests beyond the first are
+        reserved with a margin (`Ledger.admit`'s `learning`)."""
         price = self.requests.prices[backend.name]
         learning = (price is not None and price.answers == 0
                     and backend.capabilities.reports_cost)

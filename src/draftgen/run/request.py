@@ -217,8 +217,7 @@ class Requests:
     def _watch_price(self, backend: Backend, watch: PriceWatch, reported: float | None,
                      priced: float | None, tokens: int) -> None:
         free_before = watch.reported_over_free
-        factor = watch.observe(reported, priced, tokens)
-        if factor > 1:
+        if watch.observe(reported, priced, tokens):
             self.ledger.reprice(backend.name, watch.ratio)
             log.warning("%s charges %.3gx its price: its requests are reserved at that from "
                         "now on", backend.name, watch.ratio)

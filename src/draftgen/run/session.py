@@ -379,7 +379,6 @@ class Runner:
                 "output_tokens_now": t.output_tokens, "cost_usd_now": round(t.cost, 6),
                 "cost_usd_total": round(t.cost + t.cost_before, 6),
                 "unsettled_usd": round(requests.unsettled_usd, 6),
-                **({"probe_usd": round(self.probe_usd, 8)} if self.probe_usd else {}),
                 **({"cost_reports_refused": requests.refused_reports}
                    if requests.refused_reports else {}),
                 **({"rescued": len(requests.parked), "rescue_file": str(self._rescue_file)}
