@@ -29,6 +29,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import speculators.train.cli as cli
@@ -96,7 +97,10 @@ class StepLosses(logging.Handler):
 
 
 def train(data: Path, verifier: Path, save: Path, epochs: int, draft_vocab: int,
-          seq_len: int, lr: float) -> StepLosses:
+          seq_len: int, lr: float, *, train_ratio: float = 0.9, seed: int | None = None,
+          extra: Sequence[str] = ()) -> StepLosses:
+    """speculators' trainer on DATA: the first TRAIN_RATIO of its rows train, the rest validate;
+    EXTRA are more of its command-line flags."""
     # the two CPU changes (see the docstring)
     trainer_module.get_local_rank = lambda: "cpu"
     if not torch.accelerator.is_available():
@@ -116,7 +120,8 @@ def train(data: Path, verifier: Path, save: Path, epochs: int, draft_vocab: int,
         "--hidden-states-dtype=float32",
         f"--total-seq-len={seq_len}", "--num-workers=0", "--on-missing=raise",
         f"--epochs={epochs}", f"--lr={lr}", "--log-freq=1",  # (--max-steps ends no epoch loop)
-        "--train-data-ratio=0.9", f"--save-path={save}", "--checkpoint-freq=1000",
+        f"--train-data-ratio={train_ratio}", f"--save-path={save}", "--checkpoint-freq=1000",
+        *([f"--seed={seed}"] if seed is not None else []), *extra,
     ])
     cli.main(cfg)
     return losses

