@@ -20,20 +20,16 @@ from draftgen.backends import (
     OpenRouterBackend,
     SGLangBackend,
     VLLMChatBackend,
-    backend_class,
     capabilities_of,
 )
-from draftgen.config import (
-    BACKEND_TYPES,
-    ConfigError,
-    LlamaCppConfig,
-    OpenRouterConfig,
-    SGLangConfig,
-    load_config,
-    parse_backend,
-)
+from draftgen.backends.llamacpp import LlamaCppConfig
+from draftgen.backends.openrouter import OpenRouterConfig
+from draftgen.backends.registry import backend_types, parse_backend
+from draftgen.backends.sglang import SGLangConfig
+from draftgen.config import ConfigError, load_config
 
 URL = "http://127.0.0.1:1"
+BACKEND_TYPES = backend_types()
 OWN = {"openai": {}, "vllm": {}, "sglang": {},
        "openrouter": {"provider": {"ignore": ["x"]}, "reasoning": {"effort": "low"}},
        "llamacpp": {"endpoint": "chat", "stream": True, "logprobs": False}}
@@ -110,7 +106,7 @@ def test_every_backend_dumps_every_type_key() -> None:
 ])
 def test_each_type_has_its_class_and_capabilities(cfg: dict[str, Any], cls: type) -> None:
     backend = parse_backend({"name": "b", "url": URL, **cfg})
-    assert backend_class(backend) is cls
+    assert backend.backend_class() is cls
     caps = capabilities_of(backend)
     openrouter = cfg["type"] == "openrouter"
     assert (caps.reports_cost, caps.looks_up_bills, caps.hosted) == (openrouter,) * 3
