@@ -25,14 +25,8 @@ from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.formats import get_format
 from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
-from draftgen.types import (
-    BackendError,
-    LogprobToken,
-    LogprobTokens,
-    Prompt,
-    RawAnswer,
-    SentBytes,
-)
+from draftgen.tokenize.logprob_tokens import LogprobToken, LogprobTokens, SentBytes
+from draftgen.types import BackendError, Prompt, RawAnswer
 from tests.e2e_helpers import (
     fast_backend,
     mixed_rows,

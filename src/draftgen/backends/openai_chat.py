@@ -43,7 +43,8 @@ from draftgen.backends.chat_logprobs import decoded_logprobs, logprobs_of
 from draftgen.backends.registry import BackendConfigBase, register
 from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.tokenize import Tokenizer, TokenSpellings
-from draftgen.types import BackendError, LogprobTokens, Prompt, RawAnswer
+from draftgen.tokenize.logprob_tokens import LogprobTokens
+from draftgen.types import BackendError, Prompt, RawAnswer
 
 
 class ChatBackendConfig(BackendConfigBase):
