@@ -1,4 +1,6 @@
-"""run.yaml, validated. Secrets never live here: a backend names the env var that holds its key."""
+"""run.yaml, validated: the run-level models. Each backend type's model lives in its module
+(`backends/registry.py`: the types run.yaml's `type` picks). Secrets never live here: a backend
+names the env var that holds its key."""
 
 from __future__ import annotations
 
