@@ -1,8 +1,8 @@
 """Writes the generated parts of the docs from the code, so that they cannot drift from it:
 
 - docs/configuration.md: a table per run.yaml section, from the pydantic models of
-  `draftgen.config` (`RunConfig` and the models under it; the backend types of `BACKEND_TYPES`
-  as one table with the types that take each key);
+  `draftgen.config` (`RunConfig` and the models under it; the registered backend types,
+  `backends.registry.backend_types`, as one table with the types that take each key);
 - docs/record.md: the record's fields, from `draftgen.store.record.Record` (and `Usage`).
 
 Each row's text is the field's docstring in the code. Only the part of each page between the
@@ -105,6 +105,9 @@ def type_name(tp: Any, link: Callable[[type], str] | None = None) -> str:
     """`int or null`, `list of string`, `"first", "last" or "all"`, a model as its section."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
+        models = _registered(args)
+        if models:
+            return " or ".join(dict.fromkeys(type_name(m, link) for m in models))
         return type_name(args[0], link)
     if origin in (typing.Union, types.UnionType):
         names = [type_name(a, link) for a in args if a is not msgspec.UnsetType]
@@ -123,6 +126,15 @@ def type_name(tp: Any, link: Callable[[type], str] | None = None) -> str:
     if tp is typing.Any:
         return "any"
     return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp, str(tp))
+
+
+def _registered(annotated_args: tuple[Any, ...]) -> list[type[BaseModel]]:
+    """The registered backend types' models, where an `Annotated` type's metadata says its
+    value is one of them (`backends.registry.BackendConfig`); [] otherwise."""
+    from draftgen.backends.registry import RegisteredTypes
+
+    return next((list(meta.models()) for meta in annotated_args[1:]
+                 if isinstance(meta, RegisteredTypes)), [])
 
 
 def _either(names: list[str]) -> str:
@@ -177,10 +189,13 @@ class Section:
 
 
 def _models_in(tp: Any) -> list[type[BaseModel]]:
-    """The config models a field's type holds (a union's several), in order."""
+    """The config models a field's type holds (a union's several, the registered backend
+    types' models for `backends.registry.BackendConfig`), in order."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return [tp]
+    if origin is typing.Annotated and _registered(args):
+        return _registered(args)
     return [m for a in args for m in _models_in(a)] if origin is not None else []
 
 

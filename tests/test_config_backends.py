@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -20,20 +22,16 @@ from draftgen.backends import (
     OpenRouterBackend,
     SGLangBackend,
     VLLMChatBackend,
-    backend_class,
     capabilities_of,
 )
-from draftgen.config import (
-    BACKEND_TYPES,
-    ConfigError,
-    LlamaCppConfig,
-    OpenRouterConfig,
-    SGLangConfig,
-    load_config,
-    parse_backend,
-)
+from draftgen.backends.llamacpp import LlamaCppConfig
+from draftgen.backends.openrouter import OpenRouterConfig
+from draftgen.backends.registry import backend_types, parse_backend, register
+from draftgen.backends.sglang import SGLangConfig
+from draftgen.config import ConfigError, load_config
 
 URL = "http://127.0.0.1:1"
+BACKEND_TYPES = backend_types()
 OWN = {"openai": {}, "vllm": {}, "sglang": {},
        "openrouter": {"provider": {"ignore": ["x"]}, "reasoning": {"effort": "low"}},
        "llamacpp": {"endpoint": "chat", "stream": True, "logprobs": False}}
@@ -110,7 +108,7 @@ def test_every_backend_dumps_every_type_key() -> None:
 ])
 def test_each_type_has_its_class_and_capabilities(cfg: dict[str, Any], cls: type) -> None:
     backend = parse_backend({"name": "b", "url": URL, **cfg})
-    assert backend_class(backend) is cls
+    assert backend.backend_class() is cls
     caps = capabilities_of(backend)
     openrouter = cfg["type"] == "openrouter"
     assert (caps.reports_cost, caps.looks_up_bills, caps.hosted) == (openrouter,) * 3
@@ -140,3 +138,81 @@ def test_no_behaviour_reads_the_backend_type_name() -> None:
                  for n, line in enumerate(path.read_text().splitlines(), 1)
                  if compared.search(line)]
     assert offenders == []
+
+
+_PLUGIN = '''
+import json, sys, textwrap
+from pathlib import Path
+from typing import Literal
+
+from draftgen.backends.registry import BackendConfigBase, register
+from draftgen.backends.sglang import SGLangBackend
+
+
+@register
+class ToyConfig(BackendConfigBase):
+    type: Literal["toy"]
+    knob: int = 7
+    """A key only this type takes."""
+
+    def backend_class(self) -> type:
+        return SGLangBackend
+
+
+from draftgen.config import ConfigError, load_config
+
+def load(backends):
+    path = Path(sys.argv[1]) / "run.yaml"
+    path.write_text(textwrap.dedent("""\\
+        output_dir: out
+        model: {name: m, format: qwen3, tokenizer: t.json}
+        datasets: [{name: d, path: d.jsonl}]
+    """) + f"backends: {json.dumps(backends)}\\n")
+    return load_config(path)
+
+url = "http://127.0.0.1:1"
+cfg = load([{"name": "t", "type": "toy", "url": url, "knob": 3},
+            {"name": "s", "type": "sglang", "url": url}])
+toy, sglang = cfg.backends
+try:
+    load([{"name": "s", "type": "sglang", "url": url, "knob": 2}])
+    refused = ""
+except ConfigError as e:
+    refused = str(e)
+print(json.dumps({"toy": type(toy).__name__, "knob": toy.knob,
+                  "class": toy.backend_class().__name__,
+                  "sglang_dump_knob": sglang.model_dump()["knob"], "refused": refused}))
+'''
+
+
+def test_a_backend_type_is_its_module_and_its_registration(tmp_path: Path) -> None:
+    """A type registered from its own module is taken by run.yaml, its keys refused on other
+    types and dumped with every backend, and no module of draftgen is edited for it (run in
+    a fresh interpreter: the registry is the process's)."""
+    done = subprocess.run([sys.executable, "-c", _PLUGIN, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert (seen["toy"], seen["knob"], seen["class"]) == ("ToyConfig", 3, "SGLangBackend")
+    assert seen["sglang_dump_knob"] == 7
+    assert "backends.0.knob: only for type toy; backend 's' is type sglang" in seen["refused"]
+
+
+def test_a_backend_type_registered_twice_is_refused() -> None:
+    class Again(SGLangConfig):
+        type: Literal["sglang"]
+
+    with pytest.raises(ValueError, match="backend type 'sglang' registered twice"):
+        register(Again)
+
+
+def test_importing_the_config_imports_no_backend() -> None:
+    """The config is below the backends: their modules (and aiohttp) load when a config is
+    first validated, not with `draftgen.config`."""
+    code = ("import sys, draftgen.config; print(sorted(m for m in sys.modules "
+            "if m == 'aiohttp' or m.startswith('draftgen.backends.') "
+            "and m != 'draftgen.backends.registry'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

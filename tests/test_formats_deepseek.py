@@ -11,7 +11,8 @@ from draftgen.formats import Format, FormatError, get_format
 from draftgen.formats.chat_template import ChatTemplate
 from draftgen.testing.assets import cached_tokenizer, deepseek_r1_tokenizer_dir
 from draftgen.tokenize import Tokenizer, self_check
-from draftgen.types import LogprobToken, Message, Prompt, RawAnswer, Tool, Usage
+from draftgen.tokenize.logprob_tokens import LogprobToken
+from draftgen.types import Message, Prompt, RawAnswer, Tool, Usage
 
 EOS = "<｜end▁of▁sentence｜>"
 

@@ -13,7 +13,8 @@ from draftgen.backends import chat_logprobs
 from draftgen.backends.openai_chat import answer_from_body, answer_from_json
 from draftgen.formats import Format, get_format
 from draftgen.tokenize import Tokenizer
-from draftgen.types import LogprobToken, LogprobTokens, RawAnswer, Usage
+from draftgen.tokenize.logprob_tokens import LogprobToken, LogprobTokens
+from draftgen.types import RawAnswer, Usage
 
 IM_END = 151645
 

@@ -17,7 +17,8 @@ from draftgen.formats import Format, FormatError, get_format
 from draftgen.formats.chat_template import ChatTemplate
 from draftgen.testing.assets import GPT_OSS_SPECIAL_TOKENS, family_tokenizer
 from draftgen.tokenize import Tokenizer, self_check
-from draftgen.types import LogprobToken, Message, RawAnswer
+from draftgen.tokenize.logprob_tokens import LogprobToken
+from draftgen.types import Message, RawAnswer
 
 SYSTEM = (
     "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"

@@ -12,7 +12,8 @@ from draftgen.formats import Format, get_format
 from draftgen.formats.kimi_tools import declare_tools, tools_typescript
 from draftgen.testing.assets import KIMI_SPECIAL_TOKENS, family_tokenizer
 from draftgen.tokenize import Tokenizer, self_check
-from draftgen.types import LogprobToken, Message, Prompt, RawAnswer, Tool, Usage
+from draftgen.tokenize.logprob_tokens import LogprobToken
+from draftgen.types import Message, Prompt, RawAnswer, Tool, Usage
 
 SYSTEM = (
     "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI."

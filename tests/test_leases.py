@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import pytest
 
+from draftgen.backends.registry import Price
 from draftgen.budget import (
     STALE_S,
     USD,
@@ -24,7 +25,7 @@ from draftgen.budget import (
     ShardLease,
     tokens_key,
 )
-from draftgen.config import Price, load_config
+from draftgen.config import load_config
 from draftgen.run import Runner, prepare
 from draftgen.store.shards import ShardSpec, run_folders
 from draftgen.testing.fake_engine import TestServer

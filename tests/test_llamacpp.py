@@ -32,6 +32,7 @@ from draftgen.assets import (
 from draftgen.backends import make_backend
 from draftgen.backends.llamacpp import (
     LlamaCppChatBackend,
+    LlamaCppConfig,
     LlamaCppNativeBackend,
     answer_from_completion,
 )
@@ -41,15 +42,9 @@ from draftgen.backends.managed_llamacpp import (
     ManagedServers,
     default_threads,
 )
-from draftgen.config import (
-    BackendConfig,
-    ConfigError,
-    LlamaCppConfig,
-    ModelConfig,
-    OpenAIConfig,
-    SamplingConfig,
-    parse_backend,
-)
+from draftgen.backends.openai_chat import OpenAIConfig
+from draftgen.backends.registry import BackendConfig, parse_backend
+from draftgen.config import ConfigError, ModelConfig, SamplingConfig
 from draftgen.formats import Format, get_format
 from draftgen.tokenize import Tokenizer, load_gguf_tokenizer
 from draftgen.types import BackendError, Prompt

@@ -20,18 +20,13 @@ from draftgen.backends.openai_chat import (
     answer_from_body,
     answer_from_json,
 )
-from draftgen.config import ModelConfig, SamplingConfig, parse_backend
+from draftgen.backends.registry import parse_backend
+from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.formats import get_format
 from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
-from draftgen.types import (
-    BackendError,
-    LogprobToken,
-    LogprobTokens,
-    Prompt,
-    RawAnswer,
-    SentBytes,
-)
+from draftgen.tokenize.logprob_tokens import LogprobToken, LogprobTokens, SentBytes
+from draftgen.types import BackendError, Prompt, RawAnswer
 from tests.e2e_helpers import (
     fast_backend,
     mixed_rows,

@@ -14,7 +14,8 @@ import pytest
 from draftgen.assets import find_smollm2_gguf
 from draftgen.formats import get_format
 from draftgen.tokenize import Tokenizer, ids_from_logprobs, load_gguf_tokenizer
-from draftgen.types import LogprobToken, RawAnswer, Usage
+from draftgen.tokenize.logprob_tokens import LogprobToken
+from draftgen.types import RawAnswer, Usage
 
 GGUF = find_smollm2_gguf()
 

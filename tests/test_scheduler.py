@@ -6,7 +6,8 @@ import math
 import pytest
 
 from draftgen.backends import make_backend
-from draftgen.config import ModelConfig, OpenAIConfig, SamplingConfig
+from draftgen.backends.openai_chat import OpenAIConfig
+from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.scheduler import (
     PAUSE_LOG_INTERVAL_S,
     TOOLS,

@@ -35,7 +35,7 @@ from draftgen.tokenize import (
     logprob_ids,
     self_check,
 )
-from draftgen.types import LogprobToken, LogprobTokens, SentBytes
+from draftgen.tokenize.logprob_tokens import LogprobToken, LogprobTokens, SentBytes
 
 QWEN_SPECIALS = {"<|im_end|>": 151645, "<|im_start|>": 151644, "</think>": 151668}
 

@@ -32,7 +32,9 @@ import yaml
 
 from draftgen.assets import smollm2_gguf
 from draftgen.backends import make_backend
-from draftgen.config import ModelConfig, OpenAIConfig, SamplingConfig, VLLMConfig
+from draftgen.backends.openai_chat import OpenAIConfig
+from draftgen.backends.vllm import VLLMConfig
+from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.formats import Format, get_format
 from draftgen.testing.vllm_server import VLLMServer
 from draftgen.tokenize import load_gguf_tokenizer

@@ -31,7 +31,8 @@ from draftgen.tokenize import (
     last_logprob_id,
     logprob_ids,
 )
-from draftgen.types import BackendError, LogprobTokens
+from draftgen.tokenize.logprob_tokens import LogprobTokens
+from draftgen.types import BackendError
 from tests.readings import outcome
 
 WEATHER_TOOL = {"type": "function", "function": {

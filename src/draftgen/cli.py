@@ -113,7 +113,7 @@ def _check_backend_keys(cfg: RunConfig) -> None:
 def _print_plan(plan: Plan) -> None:
     from rich.table import Table
 
-    from draftgen.config import LlamaCppConfig
+    from draftgen.backends.llamacpp import LlamaCppConfig
     from draftgen.formats import FormatError
     from draftgen.run.projection import dataset_work, print_projection
     from draftgen.run.render import render_each

@@ -1,89 +1,29 @@
-"""run.yaml, validated. Secrets never live here: a backend names the env var that holds its key."""
+"""run.yaml, validated: the run-level models. Each backend type's model lives in its module
+(`backends/registry.py`: the types run.yaml's `type` picks). Secrets never live here: a backend
+names the env var that holds its key."""
 
 from __future__ import annotations
 
-import copy
-import os
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Any, Literal
 
-import orjson
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializationInfo,
-    SerializerFunctionWrapHandler,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
-from pydantic_core import ErrorDetails
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from draftgen.assets import resolve_builtin
-from draftgen.errors import DraftgenError
-from draftgen.redact import REDACTED, keep_secret, redact_value
-from draftgen.store.layout import SHARDS_DIR
+from draftgen.backends.registry import BackendConfig, backend_error
+from draftgen.config_base import TOKENS_MAX, ConfigError, StrictModel, refuse_managed_keys
+from draftgen.redact import REDACTED, redact_value
 
-BackendType = Literal["openai", "openrouter", "vllm", "sglang", "llamacpp"]
-RESERVED_FOLDERS = frozenset({SHARDS_DIR})
-"""Folders of a run folder that are not datasets: no dataset may take their names."""
-MANAGED_BODY_KEYS = frozenset({
-    "model", "messages", "max_tokens", "max_completion_tokens", "max_new_tokens", "n_predict",
-    "n", "stream", "stream_options", "logprobs", "input_ids", "prompt", "text",
-    "return_token_ids", "return_tokens", "sampling_params",
-})
-"""Request keys draftgen sets itself (the clamped answer length, the prompt and its IDs, one
-streamed or not answer with logprobs): `sampling.extra` or `extra_body` overriding one would
-break the budget (`max_tokens` is what the reservation counts on) or the token-exact record."""
-
-
-def _refuse_managed_keys(extra: dict[str, Any]) -> dict[str, Any]:
-    managed = sorted(MANAGED_BODY_KEYS & set(extra))
-    if managed:
-        raise ValueError(
-            f"{', '.join(managed)}: set by draftgen itself on every request (the answer length "
-            "from sampling.max_tokens and the budgets, the prompt, stream and logprobs from "
-            "the backend's settings); remove them from here")
-    return extra
-
-
-class ConfigError(DraftgenError):
-    """A config that cannot be used; the message names the file and the key."""
-
-
-INT64_MAX = 2**63 - 1
-TOKENS_MAX = 2**31 - 1
-"""The most tokens a count can say: engines and APIs hold token counts as 32-bit integers."""
+RESERVED_FOLDERS = frozenset({"shards"})
+"""Folders of a run folder that are not datasets (`store.layout.SHARDS_DIR`): no dataset may
+take their names."""
 MAX_CONFIG_VALUES = 100_000
 """A config expanding to more values than this (YAML aliases repeated: an "anchor bomb") is
 refused before anything uses it: a real run.yaml has a few hundred."""
 
 
-class _Strict(BaseModel):
-    """Unknown keys are errors, and values are not coerced across types: `concurrency: true`
-    or `max_tokens: 1e20` is refused, not taken as 1 or as a float made an integer."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @field_validator("*")
-    @classmethod
-    def _fits_in_64_bits(cls, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
-            raise ValueError(f"must be at most {INT64_MAX:,} in size")
-        if isinstance(value, dict) and value and not isinstance(value, BaseModel):
-            try:  # free-form objects go into request bodies and run.json as JSON
-                orjson.dumps(value)
-            except orjson.JSONEncodeError as e:
-                raise ValueError(f"cannot be sent as JSON: {e}") from None
-        return value
-
-
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     name: str
     """Sent as "model" to OpenAI-compatible backends."""
     format: str
@@ -104,7 +44,7 @@ class ModelConfig(_Strict):
         return resolve_builtin(path)
 
 
-class SamplingConfig(_Strict):
+class SamplingConfig(StrictModel):
     temperature: float | None = 0.6
     """Sampling temperature (null: the server's default)."""
     top_p: float | None = 0.95
@@ -120,181 +60,10 @@ class SamplingConfig(_Strict):
     """Extra fields merged into every request body (OpenAI) or sampling_params (SGLang); not
     the keys draftgen sets itself (MANAGED_BODY_KEYS)."""
 
-    _no_managed_keys = field_validator("extra")(_refuse_managed_keys)
+    _no_managed_keys = field_validator("extra")(refuse_managed_keys)
 
 
-class Price(_Strict):
-    """USD per million tokens."""
-
-    prompt: float = Field(ge=0)
-    """USD per million prompt tokens."""
-    completion: float = Field(ge=0)
-    """USD per million output tokens."""
-
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.prompt + completion_tokens * self.completion) / 1e6
-
-
-class FleetConfig(_Strict):
-    """A backend whose `url` is a router in front of several engines (`sglang-router`) or a
-    data-parallel endpoint (`vllm serve --data-parallel-size N`). See backends/router.py."""
-
-    wait_for_workers: int | None = Field(None, gt=0)
-    """Before dispatch, wait until the router's `GET /workers` lists this many healthy
-    workers (default 1). Also the count that sizes `concurrency`: give the fleet's size."""
-    wait_timeout_s: float = Field(600.0, gt=0)
-    """How long to wait for the workers (or, with `workers`, for `GET /health`)."""
-    slots_per_worker: int | None = Field(None, gt=0)
-    """Requests in flight per worker: `concurrency` becomes workers × slots_per_worker."""
-    workers: int | None = Field(None, gt=0)
-    """The worker count of an endpoint that lists none (vLLM data parallel: its
-    --data-parallel-size). Then only `GET /health` is waited for, not `GET /workers`."""
-
-    @model_validator(mode="after")
-    def _workers_or_wait(self) -> FleetConfig:
-        if self.workers is not None and self.wait_for_workers is not None:
-            raise ValueError("give workers (an endpoint without a worker list) or "
-                             "wait_for_workers (a router's GET /workers), not both")
-        return self
-
-
-class BackendConfigBase(_Strict):
-    """What every backend type takes. Each type's model (`BACKEND_TYPES`) adds its own keys; a
-    key of another type is refused, naming the types it belongs to."""
-
-    name: str
-    """The backend's name in records, status and logs."""
-    type: BackendType
-    """Which server or API it is: picks the keys it takes (below)."""
-    url: str | None = None
-    """The server's base URL. A `llamacpp` backend may give `model` instead."""
-    api_key_env: str | None = None
-    """The environment variable holding the API key (the key never appears in a file or an
-    output: echoed by a server in an error, it shows as ***)."""
-    concurrency: int = Field(64, gt=0)
-    """Requests in flight on this backend."""
-    priority: int = 0
-    """Lower runs first: a backend gets work only when every backend of a lower priority is
-    saturated."""
-    price: Price | None = None
-    """USD per million tokens. Default: OpenRouter's /models listing for `openrouter`, 0 for
-    a backend that is not paid."""
-    paid: bool | None = None
-    """Whether the backend bills. Default: true for `openrouter` and for any backend with an
-    `api_key_env`; false otherwise (local engines)."""
-    cooldown_after: int = Field(20, ge=1)
-    """Consecutive failed requests that take the backend out of rotation for `cooldown_s`."""
-    cooldown_s: float = Field(30.0, ge=0)
-    """How long a backend rests after `cooldown_after` failures in a row."""
-    timeout_s: float = Field(600.0, gt=0)
-    """The most seconds one request may take."""
-    connect_timeout_s: float = Field(30.0, gt=0)
-    """The most seconds to open a connection."""
-    max_retries: int = Field(6, ge=0)
-    """Retries of one request within one run, on retryable errors."""
-    backoff_base_s: float = Field(1.0, gt=0)
-    """The first retry's wait; it doubles with each retry."""
-    backoff_max_s: float = Field(60.0, gt=0)
-    """The longest wait between retries; a Retry-After longer than this fails the request
-    now."""
-    max_response_mb: float = Field(256.0, gt=0)
-    """The largest answer read from this backend (a body once decompressed, or a stream's
-    bytes in all); a larger one fails its request as `response_too_large`."""
-    max_in_flight_response_mb: float = Field(1024.0, gt=0)
-    """The most this backend's answers hold together while they are read and parsed (bodies,
-    streams' bytes so far), its probe's included: the answer whose bytes would go past it
-    fails as `memory_bound` (retried). The process holds at most the sum over its backends."""
-    headers: dict[str, str] = Field(default_factory=dict)
-    """Extra HTTP headers of every request (their values are redacted in run.json)."""
-    extra_body: dict[str, Any] = Field(default_factory=dict)
-    """Extra fields of every request body; not the keys draftgen sets itself
-    (MANAGED_BODY_KEYS)."""
-    fleet: FleetConfig | None = None
-    """`url` is a router or data-parallel endpoint: wait for its workers at start and size
-    `concurrency` from them (`fleet.slots_per_worker`)."""
-
-    bills_by_default: ClassVar[bool] = False
-    """Whether a backend of this type bills when the config says neither `paid` nor
-    `api_key_env` (see `is_paid`)."""
-
-    _no_managed_keys = field_validator("extra_body")(_refuse_managed_keys)
-
-    @field_validator("url")
-    @classmethod
-    def _url_has_scheme(cls, url: str | None) -> str | None:
-        if url is None:
-            return None
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https://, got {url!r}")
-        return url.rstrip("/")
-
-    @model_validator(mode="after")
-    def _where_it_answers(self) -> Self:
-        self._check_url()
-        if self.fleet is not None:
-            self._check_fleet(self.fleet)
-        return self
-
-    def _check_url(self) -> None:
-        if self.url is None:
-            raise ValueError("url: required")
-
-    def _check_fleet(self, fleet: FleetConfig) -> None:
-        if self.url is None:
-            raise ValueError("fleet: needs url (the router or data-parallel endpoint)")
-        if fleet.slots_per_worker is not None and "concurrency" in self.model_fields_set:
-            raise ValueError("give concurrency or fleet.slots_per_worker (concurrency = "
-                             "workers × slots_per_worker), not both")
-
-    @model_serializer(mode="wrap")
-    def _with_every_type_key(self, handler: SerializerFunctionWrapHandler,
-                             info: SerializationInfo) -> Any:
-        """Dumped with every backend type's keys, the other types' at their defaults: the
-        backend's entry in run.json and the probe's cache key read as they did when one model
-        held every key."""
-        data = handler(self)
-        if not isinstance(data, dict) or info.exclude_unset or info.exclude_defaults:
-            return data
-        for key, default in _EVERY_TYPE_DEFAULTS.items():
-            if key in data or (info.exclude_none and default is None) \
-                    or (info.include is not None and key not in info.include) \
-                    or (info.exclude is not None and key in info.exclude):
-                continue
-            data[key] = copy.deepcopy(default)
-        return data
-
-    @property
-    def starts_own_server(self) -> bool:
-        """draftgen starts this backend's server itself (a `llamacpp` backend given `model:`)."""
-        return False
-
-    @property
-    def provider_routing(self) -> dict[str, Any] | None:
-        """The provider routing object sent with each request and checked against who served
-        each answer; None for a type without provider routing."""
-        return None
-
-    @property
-    def is_paid(self) -> bool:
-        if self.paid is not None:
-            return self.paid
-        return self.bills_by_default or self.api_key_env is not None
-
-    def api_key(self) -> str | None:
-        """The key from the environment; a named but unset variable is an error."""
-        if not self.api_key_env:
-            return None
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise ConfigError(
-                f"backend {self.name!r}: environment variable {self.api_key_env} "
-                "(api_key_env) is not set"
-            )
-        keep_secret(key)
-        return key
-
-
-class SamplingChoice(_Strict):
+class SamplingChoice(StrictModel):
     """One weighted setting of a dataset's `sampling_mix`: the sampling keys it sets replace
     the run's `sampling` ones for the conversations that draw it."""
 
@@ -313,7 +82,7 @@ class SamplingChoice(_Strict):
     extra: dict[str, Any] = Field(default_factory=dict)
     """Merged into `sampling.extra` (not the keys draftgen sets itself)."""
 
-    _no_managed_keys = field_validator("extra")(_refuse_managed_keys)
+    _no_managed_keys = field_validator("extra")(refuse_managed_keys)
 
     def settings(self) -> dict[str, Any]:
         """The sampling keys this choice sets (its weight and unset keys left out)."""
@@ -321,124 +90,10 @@ class SamplingChoice(_Strict):
                 if v is not None and v != {}}
 
 
-class SGLangConfig(BackendConfigBase):
-    """SGLang's native `/generate`: prompt IDs in, sampled IDs out."""
-
-    type: Literal["sglang"]
-
-
-class ChatBackendConfig(BackendConfigBase):
-    """What the OpenAI-compatible chat endpoints take (and llama.cpp's, with `endpoint: chat`)."""
-
-    reasoning: dict[str, Any] | None = None
-    """The `reasoning` request object; default {"enabled": true} on openrouter."""
-    stream: bool = False
-    """Ask for the answer as a stream of server-sent events."""
-    logprobs: bool = True
-    """Chat backends: ask for per-token logprobs, from which the sampled token IDs are
-    recovered exactly where they cover the whole answer."""
-
-    @property
-    def request_reasoning(self) -> dict[str, Any] | None:
-        """The `reasoning` object each request carries (None: none)."""
-        return self.reasoning
-
-
-class OpenAIConfig(ChatBackendConfig):
-    type: Literal["openai"]
-
-
-class VLLMConfig(ChatBackendConfig):
-    type: Literal["vllm"]
-
-
-class OpenRouterConfig(ChatBackendConfig):
-    type: Literal["openrouter"]
-    provider: dict[str, Any] | None = None
-    """OpenRouter provider routing object, passed through unchanged."""
-
-    bills_by_default: ClassVar[bool] = True
-
-    @property
-    def provider_routing(self) -> dict[str, Any] | None:
-        return self.provider
-
-    @property
-    def request_reasoning(self) -> dict[str, Any] | None:
-        return self.reasoning or {"enabled": True}
-
-
-class LlamaCppConfig(ChatBackendConfig):
-    """llama.cpp's `llama-server`: one that runs (`url`) or one draftgen starts (`model`)."""
-
-    type: Literal["llamacpp"]
-    endpoint: Literal["native", "chat"] = "native"
-    """"native" (`/completion`, prompt as IDs, engine IDs back) or "chat" (OpenAI
-    `/v1/chat/completions`, IDs recoverable from logprobs)."""
-    model: str | None = None
-    """A GGUF file; draftgen starts and stops its own llama-server for it (backends with the
-    same model and server_args share one server)."""
-    server_args: list[str] = Field(default_factory=list)
-    """With `model` only: extra llama-server flags (e.g. ["--threads", "4"])."""
-
-    @field_validator("model")
-    @classmethod
-    def _resolve_model(cls, path: str | None) -> str | None:
-        return resolve_builtin(path) if path is not None else None
-
-    def _check_url(self) -> None:
-        if (self.url is None) == (self.model is None):
-            raise ValueError("llamacpp: give exactly one of url (a running llama-server) "
-                             "or model (a GGUF file: draftgen starts the server)")
-        if self.server_args and self.model is None:
-            raise ValueError("server_args: only with model (a server draftgen starts)")
-
-    @property
-    def starts_own_server(self) -> bool:
-        return self.model is not None and self.url is None
-
-
-BACKEND_TYPES: dict[str, type[BackendConfigBase]] = {
-    "openai": OpenAIConfig, "openrouter": OpenRouterConfig, "vllm": VLLMConfig,
-    "sglang": SGLangConfig, "llamacpp": LlamaCppConfig,
-}
-"""Each backend type's config model: `type` picks it (see `BackendConfig`)."""
-
-BackendConfig = Annotated[
-    OpenAIConfig | OpenRouterConfig | VLLMConfig | SGLangConfig | LlamaCppConfig,
-    Field(discriminator="type"),
-]
-"""One backend of run.yaml, as the model its `type` picks."""
-
-_BACKEND_ADAPTER: TypeAdapter[BackendConfig] = TypeAdapter(BackendConfig)
-
-
-def parse_backend(data: Mapping[str, Any]) -> BackendConfig:
-    """One backend's config validated by its type's model (pydantic's ValidationError else)."""
-    return _BACKEND_ADAPTER.validate_python(data)
-
-
-def _defaults_of_every_type() -> dict[str, Any]:
-    defaults: dict[str, Any] = {}
-    for model in BACKEND_TYPES.values():
-        for key, field in model.model_fields.items():
-            if not field.is_required():
-                defaults.setdefault(key, field.get_default(call_default_factory=True))
-    return defaults
-
-
-_EVERY_TYPE_DEFAULTS = _defaults_of_every_type()
-"""Each key of any backend type and its default (the same in every type that has it)."""
-
-
-def _types_with_key(key: str) -> list[str]:
-    return [name for name, model in BACKEND_TYPES.items() if key in model.model_fields]
-
-
 JsonScalar = str | int | float | bool | None
 
 
-class DropRule(_Strict):
+class DropRule(StrictModel):
     """Rows whose `field` holds one of these values (or not one of them) are left out."""
 
     field: str
@@ -455,7 +110,7 @@ class DropRule(_Strict):
         return self
 
 
-class RowMapping(_Strict):
+class RowMapping(StrictModel):
     """How a row in a dataset's own schema becomes messages and tools (datasets/rowmap.py):
     written by a preset, or by hand for any dataset. Without `messages` and `prompt`, rows
     keep their schema (detected) and only `drop` applies."""
@@ -486,7 +141,7 @@ class RowMapping(_Strict):
         return self
 
 
-class DatasetConfig(_Strict):
+class DatasetConfig(StrictModel):
     name: str
     """The dataset's folder in the run folder (a plain folder name)."""
     path: str
@@ -533,14 +188,18 @@ class DatasetConfig(_Strict):
         return name
 
 
-class BudgetConfig(_Strict):
+class BudgetConfig(StrictModel):
     usd: float | None = Field(None, gt=0)
     """Total spend of the run (all sessions), enforced by reservation."""
     usd_per_minute: float | None = Field(None, gt=0)
     """Spend rate: over it, paid backends get no new requests until the rate drops."""
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
+    # Its schema is built when a config is first validated: the backend types' union is
+    # the registry's (`backends.registry`), whose modules are imported then, not with this one.
+    model_config = ConfigDict(defer_build=True)
+
     output_dir: str
     """The run folder."""
     model: ModelConfig
@@ -601,45 +260,12 @@ def _format_validation_error(path: Path, err: ValidationError, data: Any) -> str
     lines = [f"{path}: invalid config"]
     for e in err.errors():
         loc, msg = (e["loc"], e["msg"]) if e["loc"][:1] != ("backends",) \
-            else _backend_error(e, data)
+            else backend_error(e, data)
         if e["type"] == "extra_forbidden" and msg == e["msg"]:
             msg = "unknown key (typo?)"
         where = ".".join(str(p) for p in loc) or "(top level)"
         lines.append(f"  {where}: {msg}")
     return "\n".join(lines)
-
-
-def _backend_error(e: ErrorDetails, data: Any) -> tuple[tuple[int | str, ...], str]:
-    """An error under `backends`, where and what, as if one model held every backend type's
-    keys: without the type pydantic puts in the location (`backends.0.sglang.provider`), a
-    missing or unknown type said of `type`, and another type's key named as such."""
-    loc, msg = e["loc"], e["msg"]
-    if e["type"] == "union_tag_not_found":
-        return (*loc, "type"), "Field required"
-    if e["type"] == "union_tag_invalid":
-        return (*loc, "type"), "Input should be " + _either([repr(t) for t in BACKEND_TYPES])
-    if len(loc) < 3 or loc[2] not in BACKEND_TYPES:
-        return loc, msg
-    backend_type, loc = loc[2], (*loc[:2], *loc[3:])
-    owners = _types_with_key(str(loc[-1])) if e["type"] == "extra_forbidden" else []
-    if len(loc) == 3 and owners:
-        msg = f"only for type {_either(owners)}; backend {_backend_name(data, loc[1])}" \
-              f"is type {backend_type}"
-    return loc, msg
-
-
-def _either(names: Sequence[str]) -> str:
-    """"a, b or c"."""
-    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
-
-
-def _backend_name(data: Any, index: int | str) -> str:
-    """`'NAME' ` of backend `index` of the raw config, where it has a name ('' if not)."""
-    try:
-        name = data["backends"][index]["name"]
-    except (KeyError, IndexError, TypeError):
-        return ""
-    return f"{name!r} " if isinstance(name, str) else ""
 
 
 class _DuplicateKey(yaml.YAMLError):

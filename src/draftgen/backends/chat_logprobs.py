@@ -14,7 +14,8 @@ import orjson
 
 from draftgen.backends import wire
 from draftgen.tokenize import TokenSpellings
-from draftgen.types import BackendError, LogprobTokens, SentBytes
+from draftgen.tokenize.logprob_tokens import LogprobTokens, SentBytes
+from draftgen.types import BackendError
 
 
 def logprobs_of(choice: Mapping[str, Any], into: LogprobTokens | None = None

@@ -19,12 +19,51 @@ Response fields of `/completion` (llama-server b11434, tools/server/server-task.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field, field_validator
+
+from draftgen.assets import resolve_builtin
 from draftgen.backends.base import Backend, Capabilities
-from draftgen.backends.openai_chat import OpenAIChatBackend
-from draftgen.config import LlamaCppConfig, ModelConfig, SamplingConfig
+from draftgen.backends.openai_chat import ChatBackendConfig, OpenAIChatBackend
+from draftgen.backends.registry import register
+from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
+
+
+@register
+class LlamaCppConfig(ChatBackendConfig):
+    """llama.cpp's `llama-server`: one that runs (`url`) or one draftgen starts (`model`)."""
+
+    type: Literal["llamacpp"]
+    endpoint: Literal["native", "chat"] = "native"
+    """"native" (`/completion`, prompt as IDs, engine IDs back) or "chat" (OpenAI
+    `/v1/chat/completions`, IDs recoverable from logprobs)."""
+    model: str | None = None
+    """A GGUF file; draftgen starts and stops its own llama-server for it (backends with the
+    same model and server_args share one server)."""
+    server_args: list[str] = Field(default_factory=list)
+    """With `model` only: extra llama-server flags (e.g. ["--threads", "4"])."""
+
+    def backend_class(self) -> type[Backend]:
+        return LlamaCppChatBackend if self.endpoint == "chat" else LlamaCppNativeBackend
+
+    @field_validator("model")
+    @classmethod
+    def _resolve_model(cls, path: str | None) -> str | None:
+        return resolve_builtin(path) if path is not None else None
+
+    def _check_url(self) -> None:
+        if (self.url is None) == (self.model is None):
+            raise ValueError("llamacpp: give exactly one of url (a running llama-server) "
+                             "or model (a GGUF file: draftgen starts the server)")
+        if self.server_args and self.model is None:
+            raise ValueError("server_args: only with model (a server draftgen starts)")
+
+    @property
+    def starts_own_server(self) -> bool:
+        return self.model is not None and self.url is None
+
 
 # llama-server `stop_type` → OpenAI finish_reason (the same mapping its own chat endpoint uses).
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}

@@ -49,7 +49,8 @@ from typing import IO
 import aiohttp
 
 from draftgen.assets import llama_server_binary
-from draftgen.config import BackendConfig, LlamaCppConfig
+from draftgen.backends.llamacpp import LlamaCppConfig
+from draftgen.backends.registry import BackendConfig
 from draftgen.errors import DraftgenError
 from draftgen.tokenize import GGUFError, read_gguf_metadata
 

@@ -1,5 +1,6 @@
-"""OpenAI-compatible chat completions: the `openai` and `vllm` types, and the base of the
-`openrouter` one (backends/openrouter.py) and of llama-server's chat endpoint.
+"""OpenAI-compatible chat completions: the `openai` type, and the base of the other chat types
+(`openrouter`, `vllm`: their modules) and of llama-server's chat endpoint (`ChatBackendConfig`:
+the keys every chat type takes).
 
 JSON and SSE answers; reasoning read from `reasoning`, `reasoning_content` or
 `reasoning_details`; errors inside a 200 body or an SSE event are errors, not answers.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import msgspec
@@ -39,9 +40,36 @@ from draftgen.backends.base import (
     transport_error,
 )
 from draftgen.backends.chat_logprobs import decoded_logprobs, logprobs_of
-from draftgen.config import ChatBackendConfig, ModelConfig, SamplingConfig
+from draftgen.backends.registry import BackendConfigBase, register
+from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.tokenize import Tokenizer, TokenSpellings
-from draftgen.types import BackendError, LogprobTokens, Prompt, RawAnswer
+from draftgen.tokenize.logprob_tokens import LogprobTokens
+from draftgen.types import BackendError, Prompt, RawAnswer
+
+
+class ChatBackendConfig(BackendConfigBase):
+    """What the OpenAI-compatible chat endpoints take (and llama.cpp's, with `endpoint: chat`)."""
+
+    reasoning: dict[str, Any] | None = None
+    """The `reasoning` request object; default {"enabled": true} on openrouter."""
+    stream: bool = False
+    """Ask for the answer as a stream of server-sent events."""
+    logprobs: bool = True
+    """Chat backends: ask for per-token logprobs, from which the sampled token IDs are
+    recovered exactly where they cover the whole answer."""
+
+    @property
+    def request_reasoning(self) -> dict[str, Any] | None:
+        """The `reasoning` object each request carries (None: none)."""
+        return self.reasoning
+
+
+@register
+class OpenAIConfig(ChatBackendConfig):
+    type: Literal["openai"]
+
+    def backend_class(self) -> type[Backend]:
+        return OpenAIChatBackend
 
 
 def chat_url(base: str) -> str:
@@ -137,13 +165,6 @@ class OpenAIChatBackend(Backend):
         else:
             acc.feed_end()
         return acc.finish()
-
-
-class VLLMChatBackend(OpenAIChatBackend):
-    """`type: vllm`: vLLM's chat endpoint, which returns the sampled IDs when asked
-    (`return_token_ids`)."""
-
-    capabilities = Capabilities(native_ids=True, needs_prompt_ids=False)
 
 
 def _reasoning_of(message: Mapping[str, Any]) -> str | None:

@@ -5,13 +5,33 @@ providers serving it with their quantizations (`GET /models/MODEL/endpoints`).""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import orjson
 
-from draftgen.backends.base import Capabilities
-from draftgen.backends.openai_chat import OpenAIChatBackend
-from draftgen.config import Price
+from draftgen.backends.base import Backend, Capabilities
+from draftgen.backends.openai_chat import ChatBackendConfig, OpenAIChatBackend
+from draftgen.backends.registry import Price, register
+
+
+@register
+class OpenRouterConfig(ChatBackendConfig):
+    type: Literal["openrouter"]
+    provider: dict[str, Any] | None = None
+    """OpenRouter provider routing object, passed through unchanged."""
+
+    bills_by_default: ClassVar[bool] = True
+
+    def backend_class(self) -> type[Backend]:
+        return OpenRouterBackend
+
+    @property
+    def provider_routing(self) -> dict[str, Any] | None:
+        return self.provider
+
+    @property
+    def request_reasoning(self) -> dict[str, Any] | None:
+        return self.reasoning or {"enabled": True}
 
 
 class OpenRouterBackend(OpenAIChatBackend):

@@ -61,7 +61,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from draftgen.config import BackendConfig, FleetConfig
+from draftgen.backends.registry import BackendConfig, FleetConfig
 from draftgen.errors import DraftgenError
 
 log = logging.getLogger("draftgen")

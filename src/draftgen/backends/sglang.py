@@ -3,10 +3,21 @@ draftgen's own model format; `output_ids` come back as the engine sampled them."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from draftgen.backends.base import Backend, Capabilities
+from draftgen.backends.registry import BackendConfigBase, register
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
+
+
+@register
+class SGLangConfig(BackendConfigBase):
+    """SGLang's native `/generate`: prompt IDs in, sampled IDs out."""
+
+    type: Literal["sglang"]
+
+    def backend_class(self) -> type[Backend]:
+        return SGLangBackend
 
 
 class SGLangBackend(Backend):

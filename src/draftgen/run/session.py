@@ -23,6 +23,7 @@ from typing import Any
 
 from draftgen.backends import Backend, BackendNotReady, make_backend
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
+from draftgen.backends.registry import Price
 from draftgen.budget import (
     BudgetPool,
     PriceWatch,
@@ -31,7 +32,7 @@ from draftgen.budget import (
     refuse_impossible_rate,
     too_small,
 )
-from draftgen.config import ConfigError, Price
+from draftgen.config import ConfigError
 from draftgen.perf import tuned_gc
 from draftgen.probe import Gate, ProbeOptions, gate_backends
 from draftgen.probe.exchange import probe_requests

@@ -8,7 +8,9 @@ encoding off the event loop.
   HF's IDs;
 - `gguf`, `gguf_meta`: a GGUF model's own vocabulary, and the file's metadata reader;
 - `load`: `load_tokenizer` (which implementation for a path) and `self_check`;
-- `logprobs`: an answer's IDs recovered from its logprob entries;
+- `logprob_tokens`: an answer's logprob entries as columns (`LogprobTokens`), as the chat
+  backends read them;
+- `logprobs`: an answer's IDs recovered from those entries;
 - `batcher`: `OffLoopBatcher` and `chunked`.
 """
 

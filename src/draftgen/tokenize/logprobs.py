@@ -1,4 +1,4 @@
-"""An answer's token IDs recovered from its logprob entries (`draftgen.types.LogprobTokens`):
+"""An answer's token IDs recovered from its logprob entries (`logprob_tokens.LogprobTokens`):
 reported IDs, vLLM's `token_id:N` spellings, or each entry's bytes through the vocabulary's byte
 table (`Tokenizer.bytes_to_id`), with llama-server's held-back tokens split back out
 (`logprob_ids`). `TokenSpellings`: the same lookups over the bytes as a chat backend receives
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from draftgen.tokenize.base import Tokenizer
-from draftgen.types import LogprobToken, LogprobTokens, SentBytes
+from draftgen.tokenize.logprob_tokens import LogprobToken, LogprobTokens, SentBytes
 
 _TOKEN_ID_FORM = re.compile(r"token_id:(\d+)\Z")
 """vLLM's `return_tokens_as_token_ids` spelling of a logprob token."""
