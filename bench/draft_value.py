@@ -268,6 +268,24 @@ def missing_hidden_states(folder: Path) -> bool:
     return have < len(load_rows(folder))
 
 
+def states_of(folder: Path, server: VLLMServer, tries: int = 3) -> None:
+    """`speculators generate-offline-data` for one export, one request at a time: it waits at
+    most 10 s for each state file's lock, which 2 or 4 at once on one loaded core went past. A
+    try that fails so is run again (it keeps the files already written)."""
+    cmd = [sys.executable, "-m", "speculators", "generate-offline-data",
+           "--model", server.served_name, "--endpoint", server.url + "/v1",
+           "--preprocessed-data", str(folder), "--concurrency", "1",
+           "--validate-outputs", "--fail-on-error"]
+    for attempt in range(1, tries + 1):
+        try:
+            run(cmd)
+            return
+        except subprocess.CalledProcessError:
+            if attempt == tries:
+                raise
+            log(f"{folder.name}: try {attempt} of {tries} failed; again")
+
+
 def hidden_states(work: Path, exports: list[Path]) -> None:
     """Every row's hidden states from vLLM's extraction route, checked by speculators."""
     todo = [e for e in exports if missing_hidden_states(e)]
@@ -278,10 +296,7 @@ def hidden_states(work: Path, exports: list[Path]) -> None:
     server.start()
     try:
         for folder in todo:
-            run([sys.executable, "-m", "speculators", "generate-offline-data",
-                 "--model", server.served_name, "--endpoint", server.url + "/v1",
-                 "--preprocessed-data", str(folder), "--concurrency", "4",
-                 "--validate-outputs", "--fail-on-error"])
+            states_of(folder, server)
     finally:
         server.stop()
 
