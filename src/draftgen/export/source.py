@@ -111,7 +111,6 @@ class RunSource:
     def sampling(self) -> dict[str, Any]:
         return self.config.sampling or {}
 
-
     def responses_bytes(self, datasets: list[str]) -> int:
         return sum(s.size for d in datasets for s in self.responses.get(d, []))
 
