@@ -60,7 +60,7 @@ def test_the_shards_on_ray_probe_once(local_ray: None, tmp_path: Path, qwen3_dir
         sent = server.stats["requests"].get("chat", 0)
     records = run_records(tmp_path / "run")
     assert_each_answered_once(records, rows)
-    gates = {i: read_probe(tmp_path / "run" / "shards" / f"{i}-of-3" / "run.json")["last_gate"]
+    gates = {i: read_probe(tmp_path / "run" / "shards" / f"{i}-of-3" / "run.json").last_gate
              for i in range(3)}
     assert gates[0]["reused"] == [] and list(gates[0]["verdicts"]) == ["or"], gates[0]
     assert gates[1]["reused"] == gates[2]["reused"] == ["or"], gates

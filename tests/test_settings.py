@@ -1,5 +1,5 @@
-"""The settings that define a run's data (store.runinfo): what counts, how a change is named,
-and run.json files written before sessions recorded them."""
+"""The settings that define a run's data (store.runinfo, store.runjson): what counts, how a
+change is named, and run.json files written before sessions recorded them."""
 
 from __future__ import annotations
 
@@ -8,12 +8,8 @@ from typing import Any
 
 import orjson
 
-from draftgen.store.runinfo import (
-    changed_settings,
-    data_settings,
-    session_settings,
-    start_session,
-)
+from draftgen.store.runinfo import data_settings, session_settings, start_session
+from draftgen.store.runjson import changed_settings
 
 TOKENIZER = {"path": "/models/a/tokenizer.json", "sha256": "ab" * 32}
 

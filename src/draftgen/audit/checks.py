@@ -244,17 +244,10 @@ def record_routing_problems(record: Checked, routing: Mapping[str, Any] | None) 
 
 @dataclass
 class Routing:
-    """Each backend's provider routing, from run.json's config."""
+    """Each backend's provider routing, from run.json's config
+    (`store.runjson.StoredConfig.routing`)."""
 
     by_backend: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Routing:
-        out = cls()
-        for b in config.get("backends") or []:
-            if isinstance(b, dict) and isinstance(b.get("provider"), dict):
-                out.by_backend[str(b.get("name"))] = b["provider"]
-        return out
 
     def of(self, backend: Any) -> dict[str, Any] | None:
         return self.by_backend.get(str(backend))

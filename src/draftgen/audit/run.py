@@ -24,7 +24,6 @@ import numpy as np
 import orjson
 
 from draftgen.assets import resolve_builtin
-from draftgen.audit.checks import Routing
 from draftgen.audit.engine import (
     UNJUDGED,
     Auditor,
@@ -41,9 +40,8 @@ from draftgen.audit.report import AuditReport, DatasetAudit
 from draftgen.audit.trajectory import TrajectoryFile, audit_trajectories
 from draftgen.errors import DraftgenError
 from draftgen.formats import FormatError
-from draftgen.formats.trajectory import trajectory_datasets
 from draftgen.store.reader import Run, RunFolder, RunOpenError, Snapshot
-from draftgen.store.runinfo import SETTINGS, kept_tokenizer, session_settings, tokenizer_source
+from draftgen.store.runjson import RunInfo, SessionModel, run_model, tokenizer_source
 from draftgen.tokenize import TokenizerError
 
 CHUNK_RECORDS = 256
@@ -56,26 +54,18 @@ class AuditError(DraftgenError):
     """The run cannot be audited (not a run, no tokenizer, unknown format)."""
 
 
-def format_spec(run_json: dict[str, Any], tokenizer: Path | None = None,
+def format_spec(info: RunInfo, tokenizer: Path | None = None,
                 root: Path | None = None) -> FormatSpec:
-    """The tokenizer, format and routing the run used, from run.json's stored config; the
-    tokenizer is the run folder's copy of it (`root`) where one is kept."""
-    config = run_json.get("config") if isinstance(run_json.get("config"), dict) else {}
-    model = config.get("model") if isinstance(config.get("model"), dict) else {}
-    name = model.get("format")
-    if not isinstance(name, str):
+    """The tokenizer, format and routing the run used, from run.json's stored config
+    (`store.runjson.run_model`); the tokenizer is the run folder's copy of it (`root`) where
+    one is kept."""
+    model = run_model(info, root, tokenizer)
+    if model.format is None:
         raise AuditError("run.json names no model format (config.model.format): cannot audit")
-    path = str(tokenizer) if tokenizer else None
-    stored = run_json.get("tokenizer") if isinstance(run_json.get("tokenizer"), dict) else {}
-    kept = kept_tokenizer(root, stored.get("sha256")) if root is not None else None
-    for candidate in (kept and str(kept), stored.get("path"), model.get("tokenizer")):
-        if path is None and isinstance(candidate, str) and candidate:
-            path = resolve_builtin(candidate)
-    if path is None:
+    if model.tokenizer is None:
         raise AuditError("run.json names no tokenizer (config.model.tokenizer); pass "
                          "--tokenizer PATH")
-    options = model.get("format_options") if isinstance(model.get("format_options"), dict) else {}
-    return FormatSpec(path, name, dict(options), Routing.from_config(config).by_backend)
+    return FormatSpec(model.tokenizer, model.format, model.options, info.stored_config.routing)
 
 
 def _load(spec: SessionSpecs) -> Judges:
@@ -170,12 +160,12 @@ def _folders(root: Path) -> list[RunFolder]:
 
 def _run_spec(folders: list[RunFolder], tokenizer: Path | None) -> FormatSpec:
     """The tokenizer and format every folder used; their routing rules together."""
-    specs = [format_spec(f.run_json, tokenizer, f.root) for f in folders]
+    specs = [format_spec(f.info, tokenizer, f.root) for f in folders]
     first = specs[0]
-    sha = _tokenizer_sha(folders[0].run_json)
+    sha = folders[0].info.tokenizer.sha256
     for f, spec in zip(folders[1:], specs[1:], strict=True):
         differs = (spec.format, spec.options) != (first.format, first.options) or (
-            tokenizer is None and _tokenizer_sha(f.run_json) not in (None, sha))
+            tokenizer is None and f.info.tokenizer.sha256 not in (None, sha))
         if differs:
             raise AuditError(f"{f.root}: run with another model format or tokenizer "
                              f"than {folders[0].root}; audit each folder on its own")
@@ -196,15 +186,15 @@ def _session_judges(folders: list[RunFolder], judges: Judges, tokenizer: Path | 
     out: dict[Path, tuple[str, ...]] = {}
     notes: list[str] = []
     for f in folders:
-        sessions = f.run_json.get("sessions") or []
-        if not any(isinstance(s, dict) and SETTINGS in s for s in sessions):
+        sessions = f.info.sessions
+        if all(s.settings is None for s in sessions):
             continue  # written before sessions recorded settings: all judged as the run's
         main_sha = None if tokenizer else judges.main.tokenizer.sha256
         keys = []
         for i in range(len(sessions)):
-            settings = session_settings(f.run_json, i) or {}
-            spec = _settings_spec(settings, main, tokenizer, f.root)
-            sha = None if tokenizer else settings.get("tokenizer.sha256")
+            session = SessionModel.of(f.info.settings_of(i) or {})
+            spec = _settings_spec(session, main, tokenizer, f.root)
+            sha = None if tokenizer else session.tokenizer_sha256
             if (spec.format, spec.options) == (main.format, main.options) and (
                     sha in (None, main_sha)):
                 keys.append("")
@@ -222,23 +212,14 @@ def _session_judges(folders: list[RunFolder], judges: Judges, tokenizer: Path | 
     return out, notes
 
 
-def _settings_spec(settings: dict[str, Any], main: FormatSpec, tokenizer: Path | None,
+def _settings_spec(session: SessionModel, main: FormatSpec, tokenizer: Path | None,
                    root: Path) -> FormatSpec:
     """A session's format, format options and tokenizer, from its recorded settings (the
     tokenizer: the copy the run folder `root` keeps of it, else where it was)."""
-    prefix = "model.format_options."
-    options: dict[str, Any] = {}
-    for key, value in settings.items():
-        if key.startswith(prefix):
-            *parents, leaf = key[len(prefix):].split(".")
-            node = options
-            for name in parents:
-                node = node.setdefault(name, {})
-            node[leaf] = value
     path = str(tokenizer) if tokenizer else tokenizer_source(
-        root, settings.get("tokenizer.sha256"), settings.get("tokenizer.path")) or main.tokenizer
-    return FormatSpec(resolve_builtin(str(path)), str(settings.get("model.format") or main.format),
-                      options, main.routing)
+        root, session.tokenizer_sha256, session.tokenizer_path) or main.tokenizer
+    return FormatSpec(resolve_builtin(str(path)), session.format or main.format,
+                      session.options, main.routing)
 
 
 def _add_judge(judges: Judges, key: str, spec: FormatSpec, sha: str | None) -> str | None:
@@ -252,12 +233,6 @@ def _add_judge(judges: Judges, key: str, spec: FormatSpec, sha: str | None) -> s
                 "--tokenizer PATH")
     judges.add(key, spec, auditor)
     return None
-
-
-def _tokenizer_sha(run_json: dict[str, Any]) -> str | None:
-    tok = run_json.get("tokenizer")
-    sha = tok.get("sha256") if isinstance(tok, dict) else None
-    return sha if isinstance(sha, str) else None
 
 
 def _files(root: Path, folders: list[RunFolder]) -> list[_File]:
@@ -281,7 +256,7 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
     judge_keys, session_notes = _session_judges(folders, judges, tokenizer)
     report = AuditReport(root=root, live=any(f.live for f in folders),
                          tokenizer=str(auditor.tokenizer.path), format=spec.main.format)
-    _tokenizer_note(report, folders[0].run_json, auditor, tokenizer)
+    _tokenizer_note(report, folders[0].info, auditor, tokenizer)
     files = _files(root, folders)
     ends, dups = _duplicate_ends(files)
     total = sum(len(e) for e in ends.values())
@@ -325,7 +300,7 @@ def audit_run(root: Path, *, workers: int | None = None, tokenizer: Path | None 
 
 def _audit_trajectories(report: AuditReport, files: list[_File]) -> None:
     """The `turns: all` datasets' trajectories: summaries, and findings on their lines."""
-    wanted = set().union(*(trajectory_datasets(f.folder.run_json.get("config")) for f in files))
+    wanted = set().union(*(f.folder.info.stored_config.trajectory_datasets for f in files))
     chosen = [TrajectoryFile(f.key, f.name, str(f.snapshot.path),
                              report.datasets[f.key].snapshot_size
                              - report.datasets[f.key].torn_tail_bytes)
@@ -339,10 +314,9 @@ def _audit_trajectories(report: AuditReport, files: list[_File]) -> None:
         report.datasets[key].turns = turns
 
 
-def _tokenizer_note(report: AuditReport, run_json: dict[str, Any], auditor: Auditor,
+def _tokenizer_note(report: AuditReport, info: RunInfo, auditor: Auditor,
                     override: Path | None) -> None:
-    expected = (run_json.get("tokenizer") or {}).get("sha256") if isinstance(
-        run_json.get("tokenizer"), dict) else None
+    expected = info.tokenizer.sha256
     if override is None and expected and expected != auditor.tokenizer.sha256:
         report.notes.append(f"{auditor.tokenizer.path}: sha256 differs from the one in run.json "
                             "(the tokenizer file changed since the run)")

@@ -66,10 +66,9 @@ from draftgen.export.writers import (
     SpeculatorsSink,
     TrajectorySink,
 )
-from draftgen.formats.trajectory import trajectory_datasets
 from draftgen.store.lock import read_lock_info
 from draftgen.store.record import Record, decode_record, encode_record
-from draftgen.store.runinfo import SETTINGS, changed_settings
+from draftgen.store.runjson import changed_settings
 from draftgen.store.shards import run_folder_at_or_above, run_folder_below
 
 log = logging.getLogger("draftgen.export")
@@ -188,7 +187,7 @@ def _notes(source: RunSource, opts: ExportOptions, tok: RunTokenizer) -> list[st
 
 
 def _settings_differ(source: RunSource) -> bool:
-    recorded = [s.get(SETTINGS) for s in source.sessions if isinstance(s.get(SETTINGS), dict)]
+    recorded = [s.session.settings for s in source.sessions if s.session.settings is not None]
     return any(changed_settings(recorded[0], other) for other in recorded[1:])
 
 
@@ -315,7 +314,7 @@ def _cap_thresholds(source: RunSource, datasets: list[str], selector: Selector,
                     caps: dict[str, int]) -> dict[str, int | None]:
     """First pass: per capped dataset, the largest order key among its N smallest."""
     out: dict[str, int | None] = {}
-    trajectories = trajectory_datasets(source.config)
+    trajectories = source.config.trajectory_datasets
     for d in datasets:
         if d not in caps:
             continue
@@ -370,7 +369,7 @@ Item = tuple[str, Record, Pick, Branch | None]
 def _picks(source: RunSource, datasets: list[str], selector: Selector,
            summary: ExportSummary) -> Iterator[Item]:
     """Every row to write, in run order, with exclusions counted."""
-    trajectories = trajectory_datasets(source.config)
+    trajectories = source.config.trajectory_datasets
     for d in datasets:
         tally = summary.tallies[d]
         if d in trajectories:

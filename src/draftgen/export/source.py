@@ -32,7 +32,15 @@ from draftgen.store.reader import (
     complete_lines,
 )
 from draftgen.store.record import Damaged, Record, read_record
-from draftgen.store.runinfo import kept_tokenizer, session_settings, tokenizer_source
+from draftgen.store.runjson import (
+    RunInfo,
+    Session,
+    SessionModel,
+    StoredConfig,
+    kept_tokenizer,
+    run_model,
+    tokenizer_source,
+)
 from draftgen.store.shards import RunPart, seen_earlier
 from draftgen.tokenize import Tokenizer, TokenizerError, load_tokenizer
 
@@ -58,21 +66,33 @@ class ReadCounts:
     """Answers to a prompt answered in an earlier folder of the run (a re-sharded run)."""
 
 
+@dataclass(frozen=True)
+class SourceSession:
+    """A session of one folder of the run."""
+
+    session: Session
+    shard: str | None = None
+    """The folder's shard (e.g. "0/4") in a sharded run."""
+
+
 @dataclass
 class RunSource:
     """A run folder opened for reading (every folder of a sharded run)."""
 
     root: Path
-    run_json: dict[str, Any]
-    """The first folder's (the shards of a run share their config)."""
+    info: RunInfo
+    """The first folder's run.json that holds anything (the shards of a run share their
+    config)."""
     responses: dict[str, list[Snapshot]]
     """Each dataset's responses files, in folder order."""
     failures: dict[str, list[Snapshot]]
     live: bool
     """A draftgen run held a folder's lock when it was opened."""
     folders: list[RunFolder] = field(default_factory=list)
-    sessions: list[dict[str, Any]] = field(default_factory=list)
-    """Every folder's sessions in start order, a shard's named by "shard" (e.g. "0/4")."""
+    sessions: list[SourceSession] = field(default_factory=list)
+    """Every folder's sessions in start order."""
+    info_root: Path | None = None
+    """The folder whose run.json `info` is."""
     _repeats: dict[str, list[set[int]]] = field(default_factory=dict)
 
     @property
@@ -84,26 +104,12 @@ class RunSource:
         return sorted(set(self.responses) | set(self.failures))
 
     @property
-    def config(self) -> dict[str, Any]:
-        cfg = self.run_json.get("config")
-        return cfg if isinstance(cfg, dict) else {}
+    def config(self) -> StoredConfig:
+        return self.info.stored_config
 
     @property
     def sampling(self) -> dict[str, Any]:
-        sampling = self.config.get("sampling")
-        return sampling if isinstance(sampling, dict) else {}
-
-    @property
-    def format_name(self) -> str | None:
-        model = self.config.get("model")
-        name = model.get("format") if isinstance(model, dict) else None
-        return name if isinstance(name, str) else None
-
-    @property
-    def tokenizer_path(self) -> str | None:
-        tok = self.run_json.get("tokenizer")
-        path = tok.get("path") if isinstance(tok, dict) else None
-        return path if isinstance(path, str) else None
+        return self.config.sampling or {}
 
     def responses_bytes(self, datasets: list[str]) -> int:
         return sum(s.size for d in datasets for s in self.responses.get(d, []))
@@ -172,8 +178,10 @@ def open_run(root: Path) -> RunSource:
                 if snapshot.path.is_file():
                     into.setdefault(name, []).append(snapshot)
     _warn_rescued(run.folders)
-    return RunSource(root, next((f.run_json for f in run.folders if f.run_json), {}), responses,
-                     failures, live=run.live, folders=run.folders, sessions=_sessions(run))
+    first = next((f for f in run.folders if f.info.recorded), None)
+    return RunSource(root, first.info if first else RunInfo(), responses, failures,
+                     live=run.live, folders=run.folders, sessions=_sessions(run),
+                     info_root=first.root if first else None)
 
 
 def _warn_rescued(folders: list[RunFolder]) -> None:
@@ -186,11 +194,11 @@ def _warn_rescued(folders: list[RunFolder]) -> None:
                         folder.root, waiting)
 
 
-def _sessions(run: Run) -> list[dict[str, Any]]:
-    sessions = [{**s, "shard": f.part.label} if run.sharded else s
+def _sessions(run: Run) -> list[SourceSession]:
+    sessions = [SourceSession(s, f.part.label if run.sharded else None)
                 for f in run.folders for s in f.sessions]
     if run.sharded:
-        sessions.sort(key=lambda s: s.get("started_at") or 0.0)
+        sessions.sort(key=lambda s: s.session.started_at or 0.0)
     return sessions
 
 
@@ -272,12 +280,6 @@ def _cached_tokenizer(path: str) -> Tokenizer:
     return _TOKENIZERS[key]
 
 
-def _format_options(run_json: dict[str, Any]) -> dict[str, Any]:
-    model = (run_json.get("config") or {}).get("model") or {}
-    options = model.get("format_options")
-    return options if isinstance(options, dict) else {}
-
-
 def load_run_tokenizer(source: RunSource, override: Path | None = None, *,
                        decodes: bool = True) -> RunTokenizer:
     """The tokenizer the run's answers were made with (`override` instead, where given) and the
@@ -290,8 +292,8 @@ def load_run_tokenizer(source: RunSource, override: Path | None = None, *,
         return _run_tokenizer(source, str(override), None)
     used = _answering_tokenizers(source)
     if not used:
-        expected = (source.run_json.get("tokenizer") or {}).get("sha256")
-        return _run_tokenizer(source, source.tokenizer_path, expected)
+        model = run_model(source.info, source.info_root)
+        return _run_tokenizer(source, model.tokenizer, model.sha256)
     loaded = {sha: _run_tokenizer(source, where, sha) for sha, where in used.items()}
     if len(loaded) == 1:
         return next(iter(loaded.values()))
@@ -317,30 +319,20 @@ def _answering_tokenizers(source: RunSource) -> dict[str, str | None]:
     path the session had it at."""
     used: dict[str, str | None] = {}
     for folder in source.folders:
-        for i, session in enumerate(folder.run_json.get("sessions") or []):
-            if not isinstance(session, dict) or not _may_have_answered(session):
+        for i, session in enumerate(folder.sessions):
+            if not session.may_have_answered:
                 continue
-            settings = session_settings(folder.run_json, i) or {}
-            sha = settings.get("tokenizer.sha256")
-            if not isinstance(sha, str):
+            settings = SessionModel.of(folder.info.settings_of(i) or {})
+            sha = settings.tokenizer_sha256
+            if sha is None:
                 continue
-            where = tokenizer_source(folder.root, sha, settings.get("tokenizer.path"))
+            where = tokenizer_source(folder.root, sha, settings.tokenizer_path)
             if used.get(sha) is None or kept_tokenizer(folder.root, sha) is not None:
                 used[sha] = where
     return used
 
 
-def _may_have_answered(session: dict[str, Any]) -> bool:
-    """Whether the session's summary leaves room for answers it wrote (a killed session has
-    no summary; answers it could not write are added by the next one, under its number)."""
-    summary = session.get("summary")
-    if not isinstance(summary, dict):
-        return True
-    return bool(summary.get("done_now") or summary.get("rescued")
-                or not isinstance(summary.get("done_now"), int))
-
-
-def _run_tokenizer(source: RunSource, path: str | None, sha256: Any) -> RunTokenizer:
+def _run_tokenizer(source: RunSource, path: str | None, sha256: str | None) -> RunTokenizer:
     """The tokenizer at `path` and the run's format; None where it cannot be loaded or its hash
     is not `sha256` (the file at that path changed since the run, and no copy was kept)."""
     if not path:
@@ -349,16 +341,17 @@ def _run_tokenizer(source: RunSource, path: str | None, sha256: Any) -> RunToken
         tok = _cached_tokenizer(path)
     except TokenizerError as e:
         return RunTokenizer(None, None, str(e))
-    if isinstance(sha256, str) and sha256 != tok.sha256:
+    if sha256 is not None and sha256 != tok.sha256:
         log.warning("%s: sha256 differs from the one the run recorded (the file changed since "
                     "the run, and the run folder keeps no copy of the old one)", tok.path)
         return RunTokenizer(None, None, f"{tok.path} is no longer the tokenizer the run used "
                             f"(sha256 {sha256[:12]}…)")
     note = f"tokenizer {tok.path}"
     fmt = None
-    if source.format_name:
+    model = run_model(source.info)
+    if model.format:
         try:
-            fmt = get_format(source.format_name, tok, _format_options(source.run_json))
+            fmt = get_format(model.format, tok, model.options)
         except FormatError as e:
             note += f"; format unavailable: {e}"
     else:

@@ -268,13 +268,6 @@ def _masked(turns: Sequence[TurnTokens], run: range) -> MaskedSequence:
 
 # ---- reading a trajectory back (audit, export) ------------------------------------------------
 
-def trajectory_datasets(config: Any) -> set[str]:
-    """The datasets a run's stored config (run.json's `config`) gives `turns: all`."""
-    datasets = config.get("datasets") if isinstance(config, dict) else None
-    return {d["name"] for d in datasets or [] if isinstance(d, dict)
-            and d.get("turns") == "all" and isinstance(d.get("name"), str)}
-
-
 TURN_MISSING = "turn_missing"
 TURN_REPEATED = "turn_repeated"
 END_NOT_LAST = "end_not_last"

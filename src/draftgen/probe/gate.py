@@ -48,8 +48,7 @@ def stored_results(*run_jsons: Path) -> dict[str, BackendProbe]:
     call, by its key."""
     out: dict[str, BackendProbe] = {}
     for path in run_jsons:
-        backends = read_probe(path).get("backends")
-        for name, data in backends.items() if isinstance(backends, dict) else ():
+        for name, data in read_probe(path).backends.items():
             result = BackendProbe.from_dict(data)
             if result is not None:
                 out[name] = result

@@ -12,12 +12,11 @@ import random
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
-from draftgen.export.source import ReadCounts, RunSource, load_run_tokenizer
-from draftgen.formats.trajectory import trajectory_datasets
+from draftgen.export.source import ReadCounts, RunSource, SourceSession, load_run_tokenizer
 from draftgen.status.trajectories import TrajectoryStatus, Turn, trajectory_status
 from draftgen.store.record import Damaged, Record
+from draftgen.store.runjson import RunInfo
 from draftgen.tally import Tally
 
 SAMPLE_CAP = 200_000
@@ -136,7 +135,10 @@ class BackendStats(Tally):
 @dataclass
 class RunStats:
     root: str
-    run_json: dict[str, Any]
+    info: RunInfo
+    """The run's run.json (the first folder's, in a sharded run)."""
+    sessions: list[SourceSession]
+    """Every folder's sessions in start order."""
     datasets: dict[str, DatasetStats] = field(default_factory=dict)
     backends: dict[str, BackendStats] = field(default_factory=dict)
     providers: Counter[str] = field(default_factory=Counter)
@@ -201,13 +203,12 @@ def answer_cost(record: Record) -> float:
 def collect(source: RunSource) -> RunStats:
     tok = load_run_tokenizer(source)
     splitter = LengthSplitter(tok.end_think_id)
-    stats = RunStats(str(source.root), {**source.run_json, "sessions": source.sessions},
-                     live=source.live)
+    stats = RunStats(str(source.root), source.info, source.sessions, live=source.live)
     stats.length_source = (
         "split at the end-of-reasoning token of the run's format" if tok.end_think_id is not None
         else f"usage.reasoning_tokens as reported ({tok.note})"
     )
-    trajectories = trajectory_datasets(source.config)
+    trajectories = source.config.trajectory_datasets
     for name in source.datasets:
         ds = stats.datasets.setdefault(name, DatasetStats())
         _collect_answers(source, name, ds, stats, splitter, name in trajectories)

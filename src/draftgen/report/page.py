@@ -12,6 +12,7 @@ from typing import Any
 
 from draftgen.printable import printable
 from draftgen.report.collect import DatasetStats, Reservoir, RunStats
+from draftgen.store.runjson import Summary
 
 SECTIONS: list[tuple[str, str, str]] = [
     ("spend", "Spend and answers over time", "spend_over_time"),
@@ -65,6 +66,10 @@ def _when(ts: Any) -> str:
     if not isinstance(ts, int | float):
         return "-"
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _or_dash(value: float | None) -> float | str:
+    return "-" if value is None else value
 
 
 def _duration(seconds: float) -> str:
@@ -148,14 +153,13 @@ def _backends_table(stats: RunStats) -> str:
 
 
 def _sessions_table(stats: RunStats) -> str:
-    sessions = stats.run_json.get("sessions") or []
     rows = []
-    for i, s in enumerate(sessions):
-        summary = s.get("summary") or {}
-        label = f"{i + 1} (shard {s['shard']})" if s.get("shard") else i + 1
-        rows.append((label, _when(s.get("started_at")), _when(s.get("stopped_at")),
-                     s.get("outcome") or "running or killed", summary.get("done_now", "-"),
-                     summary.get("failed_now", "-"), summary.get("cost_usd_now", "-")))
+    for i, s in enumerate(stats.sessions):
+        session, summary = s.session, s.session.summary or Summary()
+        label = f"{i + 1} (shard {s.shard})" if s.shard else i + 1
+        rows.append((label, _when(session.started_at), _when(session.stopped_at),
+                     session.outcome or "running or killed", _or_dash(summary.done_now),
+                     _or_dash(summary.failed_now), _or_dash(summary.cost_usd_now)))
     if not rows:
         return '<p class="note">run.json records no sessions.</p>'
     return _table(("session", "started", "stopped", "outcome", "answered", "failed",
@@ -205,8 +209,7 @@ def _extra(section: str, stats: RunStats) -> str:
 
 
 def render(stats: RunStats, figures: dict[str, bytes]) -> str:
-    cfg = stats.run_json.get("config") or {}
-    model = (cfg.get("model") or {}).get("name", "?")
+    model = stats.info.stored_config.model.name or "?"
     live = " · a run was live on this folder when the report was made" if stats.live else ""
     nav = "".join(f'<a href="#{sid}">{_e(title)}</a>' for sid, title, _ in SECTIONS)
     parts = [

@@ -67,8 +67,7 @@ def answers_on_disk(layout: RunLayout, dataset: str) -> OnDisk:
 
 def probe_answers(run_json: Path) -> AnswerShape | None:
     """The shape of the probe's answers stored in run.json (short: the probe's max_tokens)."""
-    backends = read_probe(run_json).get("backends")
-    tokens = [a.get("output_tokens") for r in (backends or {}).values() if isinstance(r, dict)
+    tokens = [a.get("output_tokens") for r in read_probe(run_json).backends.values()
               for a in r.get("answers") or [] if isinstance(a, dict)]
     counted = [t for t in tokens if isinstance(t, int)]
     if not counted:

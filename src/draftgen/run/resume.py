@@ -39,15 +39,8 @@ from draftgen.store.resume import (
     done_elsewhere,
     read_elsewhere,
 )
-from draftgen.store.runinfo import (
-    changed_settings,
-    data_settings,
-    read_run_json,
-    record_session,
-    session_probe_usd,
-    session_settings,
-    session_unsettled_usd,
-)
+from draftgen.store.runinfo import data_settings, record_session
+from draftgen.store.runjson import changed_settings, read_run_info
 from draftgen.store.shards import run_folders
 
 log = logging.getLogger("draftgen")
@@ -76,7 +69,7 @@ def settings_changes(cfg: RunConfig, root: Path, tokenizer: dict[str, Any], *,
     of both would be one run, audited and exported as one."""
     earlier = None
     for folder in (root, *other_run_folders(cfg, root)):
-        earlier = session_settings(read_run_json(RunLayout(folder).run_json))
+        earlier = read_run_info(RunLayout(folder).run_json).settings_of()
         if earlier is not None:
             break
     now = data_settings(cfg.redacted(), tokenizer)
@@ -98,12 +91,12 @@ KilledSession = tuple[int, list[OpenRequest]]
 def killed_session(store: Store, session: int) -> KilledSession | None:
     """The last session before `session`, when it was killed and its unknown bills are not
     yet recorded in run.json."""
-    sessions = read_run_json(store.layout.run_json).get("sessions") or []
+    sessions = read_run_info(store.layout.run_json).sessions
     tail = read_journal(store.layout.journal)
     killed = tail.session
     if killed is not None and killed < min(session, len(sessions)) \
-            and sessions[killed].get("outcome") is None \
-            and "unsettled_usd" not in sessions[killed]:
+            and sessions[killed].outcome is None \
+            and sessions[killed].unsettled_usd is None:
         return killed, tail.open
     return None
 
@@ -281,9 +274,8 @@ class ResumeScan:
                             "billed, counted at their worst case; $%.4f in all counted against "
                             "budget.usd", sum(r.usd > 0 for r in open_), index, len(known),
                             sum(known), usd)
-        sessions = read_run_json(path).get("sessions") or []
-        return sum(session_unsettled_usd(s) + session_probe_usd(s)
-                   for s in sessions[:self.session])
+        sessions = read_run_info(path).sessions
+        return sum(s.unknown_bills_usd + s.probe_spent_usd for s in sessions[:self.session])
 
     def _queue_of(self, table: PromptTable, done: DoneIds, on_disk: DatasetOnDisk,
                   counters: DatasetCounters) -> deque[Pending]:

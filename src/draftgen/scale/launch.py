@@ -111,7 +111,7 @@ def wait_for_probe(run_root: Path, first: ShardSpec, since: float, ended: Callab
     run is probed once, not once per shard."""
     run_json = first.folder(run_root) / "run.json"
     while not ended():
-        updated = read_probe(run_json).get("updated_at")
-        if isinstance(updated, int | float) and updated >= since:
+        updated = read_probe(run_json).updated_at
+        if updated is not None and updated >= since:
             return
         time.sleep(POLL_S)

@@ -5,29 +5,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from draftgen.status.model import WINDOW_S, DatasetStatus, Rates
 from draftgen.status.sums import Columns, concat, rates
+from draftgen.store.runjson import Session
 
 
-def _session_spans(sessions: list[dict[str, Any]], live: bool, now: float,
+def _session_spans(sessions: list[Session], live: bool, now: float,
                    last_activity: float | None) -> list[tuple[float, float]] | None:
     """When each session ran (a killed session ends at the last activity before the next one
     started); None when a session has no start time."""
     spans = []
     for i, s in enumerate(sessions):
-        start = s.get("started_at")
-        if not isinstance(start, int | float):
+        start = s.started_at
+        if start is None:
             return None
-        nxt = sessions[i + 1].get("started_at") if i + 1 < len(sessions) else None
-        stop = s.get("stopped_at")
-        if not isinstance(stop, int | float):
+        nxt = sessions[i + 1].started_at if i + 1 < len(sessions) else None
+        stop = s.stopped_at
+        if stop is None:
             if live and nxt is None:
                 stop = now
             else:
-                stop = min(x for x in (nxt, last_activity, now) if isinstance(x, int | float))
-        spans.append((float(start), float(stop)))
+                stop = min(x for x in (nxt, last_activity, now) if x is not None)
+        spans.append((start, stop))
     return spans
 
 
@@ -47,14 +47,14 @@ def _covered_seconds(spans: list[tuple[float, float]]) -> float:
 class Activity:
     """When one run folder was active, for the rates."""
 
-    sessions: list[dict[str, Any]]
+    sessions: list[Session]
     live: bool
     first: float | None
     last: float | None
 
     @property
-    def last_start(self) -> Any:
-        return self.sessions[-1].get("started_at") if self.sessions else self.first
+    def last_start(self) -> float | None:
+        return self.sessions[-1].started_at if self.sessions else self.first
 
 
 def _active_seconds(folders: list[Activity], now: float) -> float | None:

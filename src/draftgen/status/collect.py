@@ -84,8 +84,8 @@ def _run_totals(name: str, parts: list[RunPart], folders: list[FolderAnswers]
 
 
 def _started(f: FolderAnswers) -> float:
-    starts = [s.get("started_at") for s in f.folder.sessions]
-    return max((float(s) for s in starts if isinstance(s, int | float)), default=0.0)
+    return max((s.started_at for s in f.folder.sessions if s.started_at is not None),
+               default=0.0)
 
 
 def _merged_dataset(name: str, root: Path, parts: list[RunPart], folders: list[FolderAnswers],

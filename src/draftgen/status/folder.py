@@ -5,11 +5,9 @@ answers of every folder of the run are known."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from draftgen.formats.trajectory import trajectory_datasets
 from draftgen.status.clock import Activity, RateClock
 from draftgen.status.model import DatasetStatus, RunStatus, latest
 from draftgen.status.notes import run_notes
@@ -21,7 +19,7 @@ from draftgen.store.journal import JournalTail
 from draftgen.store.reader import RunFolder, Snapshot
 from draftgen.store.record import Record
 from draftgen.store.rescue import Rescued
-from draftgen.store.runinfo import session_probe_usd, session_unsettled_usd
+from draftgen.store.runjson import DatasetTotals, RunInfo
 
 
 @dataclass
@@ -46,40 +44,23 @@ class FolderAnswers:
     """Each dataset's answered ID hashes, sorted and unique."""
 
     @property
-    def run_json(self) -> dict[str, Any]:
-        return self.folder.run_json
-
-
-def _config_datasets(run_json: dict[str, Any]) -> list[str]:
-    cfg = run_json.get("config")
-    names = []
-    if isinstance(cfg, dict):
-        for ds in cfg.get("datasets") or []:
-            if isinstance(ds, dict) and isinstance(ds.get("name"), str):
-                names.append(ds["name"])
-    return names
-
-
-def _run_dataset_info(run_json: dict[str, Any], name: str) -> dict[str, Any]:
-    """What the runner recorded for a dataset at its last session (`run.json` "datasets")."""
-    info = (run_json.get("datasets") or {}).get(name) if isinstance(
-        run_json.get("datasets"), dict) else None
-    return info if isinstance(info, dict) else {}
+    def info(self) -> RunInfo:
+        return self.folder.info
 
 
 def read_folder_answers(folder: RunFolder) -> FolderAnswers:
-    names = list(dict.fromkeys([*_config_datasets(folder.run_json), *folder.dataset_names()]))
+    config = folder.info.stored_config
+    names = list(dict.fromkeys([*config.dataset_names, *folder.dataset_names()]))
     f = FolderAnswers(folder,
                       sizes={name: _Sizes(folder.responses(name), folder.failures(name))
                              for name in names},
                       journal_size=folder.journal_size())
-    trajectories = trajectory_datasets(folder.run_json.get("config"))
+    trajectories = config.trajectory_datasets
     for name in names:
         d = DatasetStatus(name)
-        info = _run_dataset_info(folder.run_json, name)
-        d.total = info.get("total") if isinstance(info.get("total"), int) else None
-        d.skipped = (info.get("skipped_budget") if isinstance(info.get("skipped_budget"), int)
-                     else None)
+        # what the runner recorded for the dataset at its last session
+        totals = folder.info.datasets.get(name) or DatasetTotals()
+        d.total, d.skipped = totals.total, totals.skipped_budget
         responses = f.sizes[name].responses
         cols = folder.index_columns(name, responses.size)
         torn = folder.torn_tail(responses)
@@ -98,8 +79,7 @@ def folder_status(f: FolderAnswers, answered: dict[str, np.ndarray], now: float)
     the run (sorted, unique): a failure or request in flight whose prompt was answered does
     not count."""
     folder = f.folder
-    cfg = f.run_json.get("config") if isinstance(f.run_json.get("config"), dict) else {}
-    max_attempts = int(cfg.get("max_attempts") or 3)
+    max_attempts = f.info.stored_config.max_attempts or 3
     failed_at: dict[str, dict[str, float]] = {}
     last_activity: float | None = None
     for name, d in f.datasets.items():
@@ -125,35 +105,20 @@ def folder_status(f: FolderAnswers, answered: dict[str, np.ndarray], now: float)
     holder = folder.holder or {}
     status = RunStatus(
         root=folder.root, live=folder.live, pid=holder.get("pid"), host=holder.get("host"),
-        started_at=f.run_json.get("created_at") or (sessions[0].get("started_at")
-                                                    if sessions else total.first_t),
+        started_at=f.info.created_at or (sessions[0].started_at if sessions
+                                         else total.first_t),
         last_activity=last_activity, now=now, sessions=len(sessions),
-        last_outcome=sessions[-1].get("outcome") if sessions else None,
+        last_outcome=sessions[-1].outcome if sessions else None,
         datasets=f.datasets, total=total, journal=journal,
-        unsettled_usd=sum(map(session_unsettled_usd, sessions)),
-        probe_usd=sum(map(session_probe_usd, sessions)),
-        changed_prompts=_changed_left(sessions[-1] if sessions else None),
-        cost_reports_refused=sum(map(_reports_refused, sessions)),
+        unsettled_usd=sum(s.unknown_bills_usd for s in sessions),
+        probe_usd=sum(s.probe_spent_usd for s in sessions),
+        changed_prompts=sessions[-1].changed_left if sessions else 0,
+        cost_reports_refused=sum(s.summary.cost_reports_refused for s in sessions if s.summary),
         rescued=len(rescued), rescue_files=[str(p) for p in rescued.files],
         rescue_error=rescue_error,
     )
     status.notes = run_notes(status, journal)
     return status
-
-
-def _changed_left(session: Any) -> int:
-    """Changed prompts the session found and did not ask again."""
-    if not isinstance(session, dict) or session.get("reasked_changed"):
-        return 0
-    changed = session.get("changed_prompts")
-    return sum(n for n in changed.values() if isinstance(n, int)) if isinstance(
-        changed, dict) else 0
-
-
-def _reports_refused(session: Any) -> int:
-    summary = session.get("summary") if isinstance(session, dict) else None
-    n = summary.get("cost_reports_refused") if isinstance(summary, dict) else None
-    return n if isinstance(n, int) else 0
 
 
 def _read_rescued(folder: RunFolder) -> tuple[Rescued, str | None]:

@@ -23,7 +23,7 @@ from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
 from draftgen.store.rescue import Rescued, count_rescued, read_rescued
 from draftgen.store.resume import spend_in
-from draftgen.store.runinfo import RunJsonDamaged, read_run_json
+from draftgen.store.runjson import RunInfo, RunJsonDamaged, Session, read_run_info
 from draftgen.store.shards import RunPart, holds_run, is_sharded, run_parts
 
 
@@ -106,7 +106,8 @@ class RunFolder:
     """One folder of a run, opened: its run.json and its lock's holder when it was opened."""
 
     part: RunPart
-    run_json: dict[str, Any]
+    info: RunInfo
+    """Its run.json, decoded (an empty one where the folder has none)."""
     holder: dict[str, Any] | None
     """The live run holding the folder's lock (pid, host), or None."""
 
@@ -128,8 +129,8 @@ class RunFolder:
         return holds_run(self.root)
 
     @property
-    def sessions(self) -> list[dict[str, Any]]:
-        return [s for s in self.run_json.get("sessions") or [] if isinstance(s, dict)]
+    def sessions(self) -> list[Session]:
+        return self.info.sessions
 
     def dataset_names(self) -> list[str]:
         """Datasets present on disk (folders holding a responses or failures file)."""
@@ -188,7 +189,7 @@ class Run:
         parts = run_parts(root)
         if not is_sharded(parts) and not holds_run(root):
             raise NotARun(root)
-        return cls(root, [RunFolder(p, _run_json(RunLayout(p.folder)),
+        return cls(root, [RunFolder(p, _run_info(RunLayout(p.folder)),
                                     lock_holder(RunLayout(p.folder).lock)) for p in parts])
 
     @property
@@ -213,9 +214,9 @@ class Run:
         return [f for f in self.folders if f.live]
 
 
-def _run_json(layout: RunLayout) -> dict[str, Any]:
+def _run_info(layout: RunLayout) -> RunInfo:
     try:
-        return read_run_json(layout.run_json)
+        return read_run_info(layout.run_json)
     except RunJsonDamaged as e:
         raise RunOpenError(str(e)) from None
     except OSError as e:

@@ -1,4 +1,6 @@
-"""run.json: the config (secrets removed), tokenizer hash, versions, and one entry per session."""
+"""Writing run.json: the config (secrets removed), tokenizer hash, versions, and one entry per
+session. The file is kept a dict here, key by key, so that keys this version does not know
+survive; its type, and what the readers make of it, is `store.runjson.RunInfo`."""
 
 from __future__ import annotations
 
@@ -14,12 +16,26 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from draftgen.store.appender import StoreError
 from draftgen.store.atomic import replace_file
-from draftgen.store.journal import as_usd, read_journal
+from draftgen.store.journal import read_journal
 from draftgen.store.layout import JOURNAL
+from draftgen.store.runjson import (
+    SETTINGS,
+    TOKENIZERS,
+    RunInfo,
+    RunJsonDamaged,
+    StoredConfig,
+    StoredProbe,
+    StoredTokenizer,
+    flat_settings,
+    kept_tokenizer,
+    load_run_json,
+    read_run_info,
+)
 
 log = logging.getLogger("draftgen.store")
 _PACKAGES = ("draftgen", "aiohttp", "tokenizers", "orjson", "pydantic", "pyarrow", "transformers")
@@ -35,28 +51,10 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-class RunJsonDamaged(StoreError):
-    """run.json is there but is not a JSON object (truncated, empty, garbage)."""
-
-    def __init__(self, path: Path, why: str) -> None:
-        self.path, self.why = path, why
-        super().__init__(f"{path}: damaged, {why}; `draftgen run` with the run's config "
-                         "rebuilds it from the journal and the answers (keeping the damaged "
-                         "file beside it)")
-
-
 def read_run_json(path: Path) -> dict[str, Any]:
-    """run.json as a dict ({} when there is none); RunJsonDamaged, saying how to recover, when
-    it cannot be parsed."""
-    try:
-        data = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        return {}
-    except orjson.JSONDecodeError as e:
-        raise RunJsonDamaged(path, f"not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise RunJsonDamaged(path, f"not a JSON object (a {type(data).__name__})")
-    return data
+    """run.json as a dict to update ({} when there is none); RunJsonDamaged, saying how to
+    recover, when it is not a run.json (`store.runjson.load_run_json`)."""
+    return load_run_json(path)[0]
 
 
 def _read_or_rebuild(path: Path) -> dict[str, Any]:
@@ -147,31 +145,10 @@ def start_session(path: Path, config: dict[str, Any], tokenizer: dict[str, Any],
 KEEP_HEADROOM = 256 << 20
 """Free space the run folder keeps beyond a tokenizer's copy (the default `min_free_mb`): the
 answers come first."""
-TOKENIZERS = ".tokenizers"
-"""RUN/.tokenizers/<sha256>/ (hidden: no dataset can be named so): a copy of each tokenizer a
-session of the run used (its tokenizer.json and the files beside it a format reads, such as
-tokenizer_config.json), so that audit and export decode every session's IDs with that
-session's tokenizer even after the file at its path changed."""
 KEPT_BESIDE = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                "chat_template.json", "generation_config.json")
 KEEP_AT_MOST = 256 << 20
 """A tokenizer file larger than this (a GGUF model file holds its vocabulary) is not copied."""
-
-
-def kept_tokenizer(root: Path, sha256: Any) -> Path | None:
-    """The run folder's copy of the tokenizer.json whose hash is `sha256`, if it keeps one."""
-    if not isinstance(sha256, str) or not sha256.isalnum():
-        return None
-    path = root / TOKENIZERS / sha256 / "tokenizer.json"
-    return path if path.is_file() else None
-
-
-def tokenizer_source(root: Path, sha256: Any, path: Any) -> str | None:
-    """Where the tokenizer with hash `sha256` that a session of the run folder `root` used can
-    be loaded: the folder's copy, else the path it was at (which may hold another file now:
-    the caller compares hashes)."""
-    kept = kept_tokenizer(root, sha256)
-    return str(kept) if kept else (path if isinstance(path, str) and path else None)
 
 
 def keep_tokenizer(root: Path, tokenizer: dict[str, Any]) -> Path | None:
@@ -227,74 +204,27 @@ def _write_kept(folder: Path, sha: str, data: bytes, beside: Path) -> Path:
 
 # ---- the settings that define the data ------------------------------------------------------
 
-SETTINGS = "settings"
-"""A session's key in run.json holding its `data_settings`."""
-
-
 def data_settings(config: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, Any]:
-    """What defines the answers a session writes, as flat dotted keys: the model, its format
-    and the format's (chat template's) options, the tokenizer's hash and path, the sampling.
-    Concurrency, backends' URLs, budgets and the like do not change an answer's meaning."""
-    model = config.get("model") if isinstance(config.get("model"), dict) else {}
-    flat: dict[str, Any] = {"model.name": model.get("name"), "model.format": model.get("format")}
-    _flatten("model.format_options", model.get("format_options"), flat)
-    flat["tokenizer.sha256"] = tokenizer.get("sha256")
-    flat["tokenizer.path"] = tokenizer.get("path")
-    _flatten("sampling", config.get("sampling"), flat)
-    return flat
-
-
-NOT_DATA = frozenset({"tokenizer.path"})
-"""Kept with a session's settings (where its tokenizer was) but free to change: the same file
-moved is the same tokenizer (its hash says so)."""
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}", v, out)
-    else:
-        out[prefix] = value
+    """The settings a session with this config and tokenizer records (`runjson.flat_settings`):
+    what defines the answers it writes."""
+    return flat_settings(msgspec.convert(config, StoredConfig),
+                         msgspec.convert(tokenizer, StoredTokenizer))
 
 
 def session_settings(data: dict[str, Any], index: int | None = None) -> dict[str, Any] | None:
-    """The settings of session `index` of a run.json (default: the latest), or, for a run.json
-    written before sessions recorded them, the settings of its stored config; None for a
-    run.json that holds neither."""
-    sessions = [s for s in data.get("sessions") or [] if isinstance(s, dict)]
-    if index is None and sessions:
-        index = len(sessions) - 1
-    if index is not None and 0 <= index < len(sessions):
-        recorded = sessions[index].get(SETTINGS)
-        if isinstance(recorded, dict):
-            return recorded
-    config, tokenizer = data.get("config"), data.get("tokenizer")
-    if not isinstance(config, dict):
-        return None
-    return data_settings(config, tokenizer if isinstance(tokenizer, dict) else {})
-
-
-def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """Each data-defining key whose value differs, as "key: old → new"."""
-    keys = [k for k in dict.fromkeys([*before, *now]) if k not in NOT_DATA]
-    return [f"{k}: {_shown(k, before.get(k))} → {_shown(k, now.get(k))}"
-            for k in keys if before.get(k) != now.get(k)]
-
-
-def _shown(key: str, value: Any) -> str:
-    if key == "tokenizer.sha256" and isinstance(value, str):
-        return value[:12] + "…"
-    return orjson.dumps(value).decode() if value is not None else "(unset)"
+    """`RunInfo.settings_of` for a run.json as a dict."""
+    return msgspec.convert(data, RunInfo).settings_of(index)
 
 
 def _backfill_settings(data: dict[str, Any]) -> None:
     """Sessions from before settings were recorded ran with the config run.json holds now:
     give them its settings before a new session replaces that config."""
-    legacy = session_settings({"config": data.get("config"), "tokenizer": data.get("tokenizer")})
-    if legacy is None:
+    info = msgspec.convert(data, RunInfo)
+    if info.config is None:
         return
-    for session in data.get("sessions") or []:
-        if isinstance(session, dict) and not isinstance(session.get(SETTINGS), dict):
+    legacy = flat_settings(info.config, info.tokenizer)
+    for session, typed in zip(data.get("sessions") or [], info.sessions, strict=True):
+        if typed.settings is None:
             session[SETTINGS] = legacy
 
 
@@ -311,22 +241,6 @@ def record_session(path: Path, index: int, **fields: Any) -> None:
         write_atomic(path, data)
 
 
-def session_unsettled_usd(session: Any) -> float:
-    """What a session's paid requests with no answer on disk may have cost: recorded at its
-    end (`summary.unsettled_usd`: aborted requests at their worst case, answers no disk would
-    take at their bill), or by the next session's start for a killed one (`unsettled_usd`)."""
-    if not isinstance(session, dict):
-        return 0.0
-    summary = session.get("summary")
-    return as_usd(session.get("unsettled_usd")) or as_usd(
-        summary.get("unsettled_usd") if isinstance(summary, dict) else None)
-
-
-def session_probe_usd(session: Any) -> float:
-    """What a session's probe requests counted for (recorded as soon as it probed)."""
-    return as_usd(session.get("probe_usd")) if isinstance(session, dict) else 0.0
-
-
 def record_datasets(path: Path, datasets: dict[str, dict[str, Any]]) -> None:
     """Per-dataset totals of the latest session (prompts, bad rows, skipped by budget...), so
     that status can show totals without re-reading the datasets."""
@@ -335,13 +249,13 @@ def record_datasets(path: Path, datasets: dict[str, dict[str, Any]]) -> None:
     write_atomic(path, data)
 
 
-def read_probe(path: Path) -> dict[str, Any]:
-    """run.json's `probe` entry: {"backends": {NAME: result}, "updated_at", "last_gate"}."""
+def read_probe(path: Path) -> StoredProbe:
+    """run.json's `probe` entry (an empty one where it has none)."""
     try:
-        probe = read_run_json(path).get("probe")
+        probe = read_run_info(path).probe
     except RunJsonDamaged:  # a cache: probed again, and stored in the rebuilt run.json
-        return {}
-    return probe if isinstance(probe, dict) else {}
+        return StoredProbe()
+    return probe if probe is not None else StoredProbe()
 
 
 def record_probe(path: Path, results: dict[str, dict[str, Any]],
