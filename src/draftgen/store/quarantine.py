@@ -17,11 +17,11 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
+import msgspec
 import orjson
 
 from draftgen.errors import DraftgenError
@@ -30,6 +30,8 @@ from draftgen.store.entry import IndexEntry
 from draftgen.store.index import read_index, rewrite_index
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import RunLock, RunLocked, lock_holder
+from draftgen.store.prompt_refs import LineReader
+from draftgen.store.record import Record, RecordError, decode_line, encode_line, encode_record
 from draftgen.store.resume import cut_torn_tail
 
 _COPY = 1 << 22
@@ -113,22 +115,28 @@ def move_lines(folder: Path, dataset: str, lines: Sequence[MovedLine]) -> tuple[
     tmp = path.with_name(path.name + ".quarantine.tmp")
     now = time.time()
     already = 0
-    with open(path, "rb") as src, open(tmp, "wb") as kept, open(qpath, "ab") as quar:
-        pos = 0
+    moved_from = lines[0].start if lines else None
+    kept_at = _KeptLines(moved_from or 0)
+    with open(path, "rb") as src, open(tmp, "wb") as kept, open(qpath, "ab") as quar, \
+            LineReader(path) as reader:
+        _copy(src, kept, 0, moved_from)
+        pos = moved_from or 0
         for moved in lines:
-            _copy(src, kept, pos, moved.start)
+            _copy_lines(src, kept, pos, moved.start, reader, kept_at)
             src.seek(moved.start)
-            line, key = _quarantine_line(src.read(moved.end - moved.start), moved.problems, now)
+            whole = _whole(reader, src.read(moved.end - moved.start), moved.start)
+            line, key = _quarantine_line(whole, moved.problems, now)
             if key is None or key not in known:
                 quar.write(line)
             else:
                 already += 1
             pos = moved.end
-        _copy(src, kept, pos, None)
+        if moved_from is not None:
+            _copy_lines(src, kept, pos, None, reader, kept_at)
         for f in (kept, quar):
             f.flush()
             os.fsync(f.fileno())
-    new_entries = _shift(entries, [(m.start, m.end) for m in lines])
+    new_entries = _moved_entries(entries, moved_from, kept_at)
     for p in (layout.index(dataset), layout.columns(dataset)):
         p.unlink(missing_ok=True)
     _fsync_dir(path.parent)
@@ -200,19 +208,77 @@ def _copy(src: BinaryIO, dst: BinaryIO, start: int, stop: int | None) -> None:
             left -= len(chunk)
 
 
-def _shift(entries: list[IndexEntry], removed: list[tuple[int, int]]) -> list[IndexEntry]:
-    """The index entries of the kept records, with their ends moved back by the bytes removed
-    before them."""
-    if not removed:
+@dataclass
+class _KeptLines:
+    """Where the kept lines after the first moved one are now (those before it stay)."""
+
+    moved_from: int
+    """Where the first moved line started."""
+    starts: dict[int, int] = field(default_factory=dict)
+    """Old line start -> new line start."""
+    ends: dict[int, int] = field(default_factory=dict)
+    """Old line end -> new line end."""
+
+
+_EXTENDS = b'"extends":{'
+
+
+def _copy_lines(src: BinaryIO, dst: BinaryIO, start: int, stop: int | None,
+                reader: LineReader, kept: _KeptLines) -> None:
+    """Copy the lines from `start` to `stop` (None: the end), which follow a moved line,
+    noting where each is now. A turn that extends an earlier line is pointed at that line's
+    new place, or written whole where that line was moved."""
+    src.seek(start)
+    pos = start
+    while stop is None or pos < stop:
+        line = src.readline()
+        if not line:
+            break
+        kept.starts[pos] = dst.tell()
+        end = pos + len(line)
+        if line.endswith(b"\n") and _EXTENDS in line:
+            line = _repointed(reader, line, pos, kept)
+        dst.write(line)
+        kept.ends[end] = dst.tell()
+        pos = end
+
+
+def _repointed(reader: LineReader, line: bytes, at: int, kept: _KeptLines) -> bytes:
+    """The line of a turn that extends an earlier line, once the lines before it moved: the
+    same where that line stays before the first move, pointing at its new place where it was
+    kept after it, whole where it was moved."""
+    try:
+        decoded = decode_line(line)
+    except RecordError:
+        return line  # not a record: the audit reports it
+    if isinstance(decoded, Record) or decoded.extends.at < kept.moved_from:
+        return line
+    new_at = kept.starts.get(decoded.extends.at)
+    if new_at is not None:
+        extends = msgspec.structs.replace(decoded.extends, at=new_at)
+        return encode_line(msgspec.structs.replace(decoded, extends=extends)) + b"\n"
+    return _whole(reader, line, at)
+
+
+def _whole(reader: LineReader, line: bytes, at: int) -> bytes:
+    """The line as a whole record where it is a turn that extends an earlier line (one that
+    cannot be expanded is kept as it is)."""
+    if _EXTENDS not in line:
+        return line
+    record = reader.read(line, at)
+    return encode_record(record) + b"\n" if isinstance(record, Record) else line
+
+
+def _moved_entries(entries: list[IndexEntry], moved_from: int | None, kept: _KeptLines
+                   ) -> list[IndexEntry]:
+    """The index entries of the kept records, with their new ends."""
+    if moved_from is None:
         return entries
-    ends = np.array([e for _, e in removed], dtype=np.int64)
-    lengths = np.concatenate([[0], np.cumsum([e - s for s, e in removed], dtype=np.int64)])
-    entry_ends = np.array([e.end for e in entries], dtype=np.int64)
-    shifts = lengths[np.searchsorted(ends, entry_ends, side="right")]
-    gone = np.isin(entry_ends, ends)
     out = []
-    for entry, shift, drop in zip(entries, shifts.tolist(), gone.tolist(), strict=True):
-        if not drop:
-            entry.end -= shift
+    for entry in entries:
+        if entry.end <= moved_from:
+            out.append(entry)
+        elif entry.end in kept.ends:
+            entry.end = kept.ends[entry.end]
             out.append(entry)
     return out

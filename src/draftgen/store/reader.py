@@ -72,13 +72,15 @@ class LineScan:
 
 
 def complete_lines(snapshot: Snapshot, scan: LineScan, block: int = 1 << 20
-                   ) -> Iterator[tuple[int, bytes]]:
-    """The complete lines of a file up to its snapshot size with their 1-based numbers; the
-    bytes after the last newline are counted in `scan.torn_tail_bytes`, never returned."""
+                   ) -> Iterator[tuple[int, int, bytes]]:
+    """The complete lines of a file up to its snapshot size with their 1-based numbers and
+    the byte each starts at; the bytes after the last newline are counted in
+    `scan.torn_tail_bytes`, never returned."""
     with open(snapshot.path, "rb") as f:
         remaining = snapshot.size
         pending = b""
         lineno = 0
+        start = 0
         while remaining > 0:
             chunk = f.read(min(block, remaining))
             if not chunk:
@@ -88,7 +90,8 @@ def complete_lines(snapshot: Snapshot, scan: LineScan, block: int = 1 << 20
             pending = lines.pop()
             for line in lines:
                 lineno += 1
-                yield lineno, line
+                yield lineno, start, line
+                start += len(line) + 1
         scan.torn_tail_bytes = len(pending)
 
 
