@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.errors import DraftgenError
-from draftgen.store.fast_index import IndexColumns, load_index_columns, torn_tail_bytes
+from draftgen.store.entry import IndexEntry
+from draftgen.store.fast_index import (
+    IndexColumns,
+    index_entries,
+    load_index_columns,
+    torn_tail_bytes,
+)
 from draftgen.store.journal import JournalTail, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
@@ -149,6 +155,12 @@ class RunFolder:
     def index_columns(self, dataset: str, size: int | None = None) -> IndexColumns:
         """The dataset's index caught up with its responses file at `size` bytes."""
         return load_index_columns(self.layout, dataset, size)
+
+    def index_entries(self, dataset: str, cols: IndexColumns) -> list[IndexEntry] | None:
+        """The index entries behind `cols` (from `index_columns`), with what the binary rows
+        leave out (a `turns: all` record's `conversation`, `turn`, `end_reason`); None when
+        the JSON index does not match the rows (read the records instead)."""
+        return index_entries(self.layout.index(dataset), cols)
 
     def torn_tail(self, snapshot: Snapshot) -> int:
         """Bytes after the last newline of the snapshot (a torn last line)."""
