@@ -18,7 +18,6 @@ from typing import Any
 import orjson
 
 from draftgen.errors import DraftgenError
-from draftgen.store.record import Record, encode_record
 
 
 class StoreError(DraftgenError):
@@ -57,10 +56,6 @@ class JsonlAppender:
     def append(self, obj: Any) -> None:
         """One JSON line of plain values (journal events, failures)."""
         self.append_bytes(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
-
-    def append_record(self, record: Record) -> None:
-        """One answer's line (`store.record.encode_record`)."""
-        self.append_bytes(encode_record(record) + b"\n")
 
     def append_bytes(self, line: bytes) -> None:
         before = self._size

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
+import numpy as np
 import orjson
 
 from draftgen.errors import DraftgenError
@@ -115,14 +116,15 @@ def move_lines(folder: Path, dataset: str, lines: Sequence[MovedLine]) -> tuple[
     tmp = path.with_name(path.name + ".quarantine.tmp")
     now = time.time()
     already = 0
-    moved_from = lines[0].start if lines else None
-    kept_at = _KeptLines(moved_from or 0)
     with open(path, "rb") as src, open(tmp, "wb") as kept, open(qpath, "ab") as quar, \
             LineReader(path) as reader:
-        _copy(src, kept, 0, moved_from)
-        pos = moved_from or 0
+        # Turns written as the turns they extend after the first moved line: copied line by
+        # line, each pointed at its turn's new place; otherwise the bytes as they are.
+        relines = _KeptLines(lines[0].start) if lines and _names_lines(src, lines[0].start) \
+            else None
+        pos = 0
         for moved in lines:
-            _copy_lines(src, kept, pos, moved.start, reader, kept_at)
+            _copy_kept(src, kept, pos, moved.start, reader, relines)
             src.seek(moved.start)
             whole = _whole(reader, src.read(moved.end - moved.start), moved.start)
             line, key = _quarantine_line(whole, moved.problems, now)
@@ -131,12 +133,12 @@ def move_lines(folder: Path, dataset: str, lines: Sequence[MovedLine]) -> tuple[
             else:
                 already += 1
             pos = moved.end
-        if moved_from is not None:
-            _copy_lines(src, kept, pos, None, reader, kept_at)
+        _copy_kept(src, kept, pos, None, reader, relines)
         for f in (kept, quar):
             f.flush()
             os.fsync(f.fileno())
-    new_entries = _moved_entries(entries, moved_from, kept_at)
+    new_entries = (_shift(entries, [(m.start, m.end) for m in lines]) if relines is None
+                   else _moved_entries(entries, relines))
     for p in (layout.index(dataset), layout.columns(dataset)):
         p.unlink(missing_ok=True)
     _fsync_dir(path.parent)
@@ -223,6 +225,29 @@ class _KeptLines:
 _EXTENDS = b'"extends":{'
 
 
+def _names_lines(src: BinaryIO, start: int) -> bool:
+    """Whether the file from `start` may hold a turn written as the turn it extends."""
+    overlap = len(_EXTENDS) - 1
+    pos = start
+    while True:
+        chunk = os.pread(src.fileno(), _COPY, pos)
+        if _EXTENDS in chunk:
+            return True
+        if len(chunk) < _COPY:
+            return False
+        pos += len(chunk) - overlap
+
+
+def _copy_kept(src: BinaryIO, dst: BinaryIO, start: int, stop: int | None, reader: LineReader,
+               relines: _KeptLines | None) -> None:
+    """Copy the kept lines from `start` to `stop` (None: the end): line by line where they
+    follow a moved line and the file names lines (`relines`), else as bytes."""
+    if relines is None or start < relines.moved_from:
+        _copy(src, dst, start, stop)
+    else:
+        _copy_lines(src, dst, start, stop, reader, relines)
+
+
 def _copy_lines(src: BinaryIO, dst: BinaryIO, start: int, stop: int | None,
                 reader: LineReader, kept: _KeptLines) -> None:
     """Copy the lines from `start` to `stop` (None: the end), which follow a moved line,
@@ -269,16 +294,32 @@ def _whole(reader: LineReader, line: bytes, at: int) -> bytes:
     return encode_record(record) + b"\n" if isinstance(record, Record) else line
 
 
-def _moved_entries(entries: list[IndexEntry], moved_from: int | None, kept: _KeptLines
-                   ) -> list[IndexEntry]:
-    """The index entries of the kept records, with their new ends."""
-    if moved_from is None:
-        return entries
+def _moved_entries(entries: list[IndexEntry], kept: _KeptLines) -> list[IndexEntry]:
+    """The index entries of the kept records, with their new ends (lines copied line by
+    line)."""
     out = []
     for entry in entries:
-        if entry.end <= moved_from:
+        if entry.end <= kept.moved_from:
             out.append(entry)
         elif entry.end in kept.ends:
             entry.end = kept.ends[entry.end]
+            out.append(entry)
+    return out
+
+
+def _shift(entries: list[IndexEntry], removed: list[tuple[int, int]]) -> list[IndexEntry]:
+    """The index entries of the kept records, with their ends moved back by the bytes removed
+    before them (lines copied as bytes)."""
+    if not removed:
+        return entries
+    ends = np.array([e for _, e in removed], dtype=np.int64)
+    lengths = np.concatenate([[0], np.cumsum([e - s for s, e in removed], dtype=np.int64)])
+    entry_ends = np.array([e.end for e in entries], dtype=np.int64)
+    shifts = lengths[np.searchsorted(ends, entry_ends, side="right")]
+    gone = np.isin(entry_ends, ends)
+    out = []
+    for entry, shift, drop in zip(entries, shifts.tolist(), gone.tolist(), strict=True):
+        if not drop:
+            entry.end -= shift
             out.append(entry)
     return out
