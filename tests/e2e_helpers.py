@@ -13,6 +13,8 @@ import yaml
 
 from draftgen.config import load_config
 from draftgen.run import Outcome, Runner, prepare
+from draftgen.store.prompt_refs import LineReader
+from draftgen.store.record import Record, record_as_dict
 
 WEATHER_TOOL = {
     "type": "function",
@@ -82,10 +84,23 @@ def run_config(path: Path) -> Outcome:
 
 
 def read_records(run_dir: Path, dataset: str) -> list[dict[str, Any]]:
-    path = run_dir / dataset / "responses.jsonl"
+    return records_in(run_dir / dataset / "responses.jsonl")
+
+
+def records_in(path: Path) -> list[dict[str, Any]]:
+    """Each line of a responses file as JSON, a turn written as the turn it extends read back
+    whole (`store.prompt_refs`)."""
     if not path.exists():
         return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    out = []
+    start = 0
+    with LineReader(path) as reader:
+        for line in path.read_bytes().splitlines(keepends=True):
+            record = reader.read(line, start)
+            out.append(record_as_dict(record) if isinstance(record, Record)
+                       else orjson.loads(line))
+            start += len(line)
+    return out
 
 
 def read_failures(run_dir: Path, dataset: str) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.e2e_helpers import records_in
 from tests.engine import require_engine
 from tests.reliability.helpers import draftgen
 
@@ -26,8 +27,7 @@ def _check_trajectories(run: Path, conversations: int) -> int:
     """Every conversation of the `turns: all` set walked from turn 0 to a turn with an `end`,
     each turn once, its history the engine's earlier answers, its IDs the engine's; the number
     of turns written."""
-    lines = (run / TRAJECTORIES / "responses.jsonl").read_bytes().splitlines()
-    records = [orjson.loads(line) for line in lines]
+    records = records_in(run / TRAJECTORIES / "responses.jsonl")
     by_conversation: dict[str, list[dict]] = {}
     for r in records:
         by_conversation.setdefault(r["conversation"], []).append(r)

@@ -200,6 +200,9 @@ def test_a_budget_cut_leaves_conversations_pending_and_a_later_run_finishes_them
         pending = [c for c, turns in by_conversation(cut).items() if turns[-1]["end"] is None]
         assert pending
         assert outcome.counters is not None and outcome.counters.total().skipped > 0
+        shown = collect_status(run_dir(tmp_path)).as_json()["datasets"]["chat"]["trajectories"]
+        assert shown["stopped_by_budget"] == len(pending)  # not shown as pending (running)
+        assert shown["pending"] == 4 - shown["done"] - len(pending)
         sent_before = answered(server)
         cfg = write_config(tmp_path, qwen3_dir, backends=backends, datasets=[dataset],
                            sampling={"max_tokens": 128})

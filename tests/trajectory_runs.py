@@ -30,6 +30,7 @@ from draftgen.store.record import Record
 from draftgen.store.runinfo import end_session, start_session
 from draftgen.tokenize import Tokenizer
 from draftgen.types import Message, Prompt, RawAnswer, Usage
+from tests.e2e_helpers import records_in
 from tests.test_trajectory import CHAT, CHAT_SAYS, TOOL_LOOP_MESSAGES, WEATHER, Say, call
 
 DATASET = "agent"
@@ -153,4 +154,8 @@ def write_trajectory_run(root: Path, tok: Tokenizer,
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
+    """A JSONL file's lines; a responses file's turns read back whole
+    (`tests.e2e_helpers.records_in`)."""
+    if path.name == "responses.jsonl":
+        return records_in(path)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -12,6 +12,7 @@ import signal
 import statistics
 import subprocess
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from draftgen.store.prompt_refs import LineReader
+from draftgen.store.record import Record, record_as_dict
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
 from tests.reliability.helpers import (
@@ -376,3 +379,61 @@ def _quarantine_kills(tmp_path: Path, qwen3_dir: Path, server: TestServer, rng: 
     case.note("after the final quarantine: every good answer once in responses.jsonl, every "
               "failing one once in quarantine.jsonl; the resumed run regenerated the 200 "
               "quarantined prompts; the audit then passes")
+
+
+TURN_KILLS = 4
+
+
+def test_kill_9_while_turns_are_written_as_the_turns_they_extend(
+        tmp_path: Path, qwen3_dir: Path, reliability) -> None:
+    case = reliability("1. Kill anywhere", "`turns: all` killed at random moments while each "
+                       "turn is written as the turn it extends (fsync every second), the last "
+                       "line torn after each kill, then resumed: every turn reads whole, once, "
+                       "naming only a line before it")
+    from tests.test_run_trajectories import by_conversation, chat_rows, engine_config
+
+    rng = random.Random(34)
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(30, turns=6))
+    responses = tmp_path / "run" / "chat" / "responses.jsonl"
+    torn = 0
+    with TestServer(latency_s=0.02, reasoning_tokens=(3, 8), content_tokens=(3, 8)) as server:
+        cfg = engine_config(tmp_path, qwen3_dir, server, concurrency=8,
+                            datasets=[{"name": "chat", "path": str(data), "turns": "all"}],
+                            sampling={"max_tokens": 512})
+        for _ in range(TURN_KILLS):
+            before = responses.read_bytes().count(b"\n") if responses.exists() else 0
+            proc = subprocess.Popen([*DRAFTGEN, "run", str(cfg), "--no-live", "--no-probe"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            target = before + rng.randint(10, 30)
+            wait_until(lambda p=proc, t=target: p.poll() is not None or (
+                responses.exists() and responses.read_bytes().count(b"\n") >= t), 120,
+                "turns written", every=0.005)
+            time.sleep(rng.uniform(0, 0.2))
+            case.crashed += proc.poll() is not None  # the run ended before its kill
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            torn += bool(_tear(responses, rng))
+            case.runs += 1
+        outcome = run_config(cfg)
+        case.runs += 1
+    case.crashed += outcome.status != "completed"
+    lines = responses.read_bytes().splitlines(keepends=True)
+    starts = [sum(map(len, lines[:i])) for i in range(len(lines))]
+    with LineReader(responses) as reader:
+        read = [reader.read(line, at) for line, at in zip(lines, starts, strict=True)]
+    records = [record_as_dict(r) for r in read if isinstance(r, Record)]
+    case.corrupt = len(read) - len(records)
+    named = [orjson.loads(line)["extends"]["at"] for line in lines if b'"extends":' in line]
+    case.corrupt += sum(at not in starts for at in named)
+    ids = Counter(r["id"] for r in records)
+    case.duplicated = sum(n - 1 for n in ids.values())
+    conversations = by_conversation(records)
+    case.lost = sum(6 - len(turns) for turns in conversations.values()) + 30 - len(conversations)
+    for turns in conversations.values():
+        for k, r in enumerate(turns):
+            history = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+            case.corrupt += history != [t["content"] for t in turns[:k]]
+    case.note(f"{TURN_KILLS} kills, {torn} last lines torn; {len(records)} turns of 30 "
+              f"conversations, {len(named)} written as the turn they extend")
+    assert (case.lost, case.duplicated, case.corrupt, case.crashed) == (0, 0, 0, 0)
+    assert len(named) > len(records) // 2, "turns were written whole"

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from draftgen.audit.checks import (
@@ -33,7 +34,8 @@ from draftgen.audit.checks import (
 )
 from draftgen.formats import Format, FormatError, get_format
 from draftgen.formats.base import ParsedAnswer
-from draftgen.store.record import Damaged, read_record
+from draftgen.store.prompt_refs import LineReader
+from draftgen.store.record import Damaged
 from draftgen.tokenize import Tokenizer, load_tokenizer
 from draftgen.types import Prompt
 
@@ -330,10 +332,10 @@ def chunk_lines(chunk: Chunk) -> list[tuple[int, int, bytes]]:
     return out
 
 
-def record_of(line: bytes) -> Checked | None:
-    """The line's record; what there is of a damaged one with a string id; None for a line
-    that is not a record."""
-    record = read_record(line)
+def record_of(reader: LineReader, line: bytes, start: int) -> Checked | None:
+    """The record of the line starting at byte `start` of the reader's file; what there is of
+    a damaged one with a string id; None for a line that is not a record."""
+    record = reader.read(line, start)
     if isinstance(record, Damaged):
         return LooseRecord(record.fields) if isinstance(record.id, str) else None
     return record
@@ -342,7 +344,8 @@ def record_of(line: bytes) -> Checked | None:
 def audit_chunk(judges: Judges, chunk: Chunk, examples: int = 5) -> ChunkResult:
     result = ChunkResult(chunk.dataset)
     lines = chunk_lines(chunk)
-    parsed = [(s, e, record_of(line)) for s, e, line in lines if line.strip()]
+    with LineReader(Path(chunk.path)) as reader:
+        parsed = [(s, e, record_of(reader, line, s)) for s, e, line in lines if line.strip()]
     records = [r for _, _, r in parsed if r is not None]
     checked = iter(_check_by_session(judges, chunk, records, result))
     for start, end, record in parsed:

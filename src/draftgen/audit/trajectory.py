@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from draftgen.audit.checks import TRAJECTORY_PROBLEMS as TRAJECTORY_PROBLEMS
@@ -28,6 +29,7 @@ from draftgen.formats.trajectory import (
     trajectory_layout,
     turn_order_problems,
 )
+from draftgen.store.prompt_refs import LineReader
 from draftgen.store.record import Record
 
 
@@ -115,24 +117,32 @@ def audit_trajectories(files: Iterable[TrajectoryFile]
     for f in files:
         conversations = by_dataset.setdefault(f.dataset, {})
         turn_lines = lines.setdefault(f.key, [])
-        for start, stop, line in _file_lines(f):
-            record = record_of(line) if line.strip() else None
-            if not isinstance(record, Record):
-                continue  # not a record: the per-answer audit reports it
-            conversation = record.conversation
-            if not isinstance(conversation, str) or not isinstance(record.turn, int) or (
-                    record.id != f"{conversation}#{record.turn}"):
-                findings.append(Finding(f.key, start, stop, record.id, ["turn_id_mismatch"]))
-                if not isinstance(conversation, str) or not isinstance(record.turn, int):
-                    continue
-            conversations.setdefault(conversation, []).append(_Turn(f.key, start, stop, record))
-            turn_lines.append(TurnLine(start, stop, conversation, record.turn))
+        with LineReader(Path(f.path)) as reader:
+            _read_turns(f, reader, conversations, turn_lines, findings)
     summaries = {}
     for dataset, conversations in by_dataset.items():
         summary = summaries[dataset] = TrajectoryAudit()
         for turns in conversations.values():
             findings.extend(_check_conversation(turns, summary))
     return summaries, findings, lines
+
+
+def _read_turns(f: TrajectoryFile, reader: LineReader, conversations: dict[str, list[_Turn]],
+                turn_lines: list[TurnLine], findings: list[Finding]) -> None:
+    """The file's turns, by conversation and in file order; a turn whose ID is not its
+    conversation's and turn's is a finding."""
+    for start, stop, line in _file_lines(f):
+        record = record_of(reader, line, start) if line.strip() else None
+        if not isinstance(record, Record):
+            continue  # not a record: the per-answer audit reports it
+        conversation = record.conversation
+        if not isinstance(conversation, str) or not isinstance(record.turn, int) or (
+                record.id != f"{conversation}#{record.turn}"):
+            findings.append(Finding(f.key, start, stop, record.id, ["turn_id_mismatch"]))
+            if not isinstance(conversation, str) or not isinstance(record.turn, int):
+                continue
+        conversations.setdefault(conversation, []).append(_Turn(f.key, start, stop, record))
+        turn_lines.append(TurnLine(start, stop, conversation, record.turn))
 
 
 def _file_lines(f: TrajectoryFile, block: int = BLOCK_BYTES) -> Iterator[tuple[int, int, bytes]]:

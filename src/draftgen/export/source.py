@@ -22,6 +22,7 @@ import orjson
 from draftgen.errors import DraftgenError
 from draftgen.formats import Format, FormatError, get_format
 from draftgen.store.columns import id_hash
+from draftgen.store.prompt_refs import LineReader
 from draftgen.store.reader import (
     LineScan,
     NotARun,
@@ -31,7 +32,7 @@ from draftgen.store.reader import (
     Snapshot,
     complete_lines,
 )
-from draftgen.store.record import Damaged, Record, read_record
+from draftgen.store.record import Damaged, Record
 from draftgen.store.runjson import (
     RunInfo,
     Session,
@@ -122,11 +123,12 @@ class RunSource:
         counts = counts if counts is not None else ReadCounts()
         for snapshot, repeated in zip(self.responses.get(dataset, []), self._repeated(dataset),
                                       strict=True):
-            for record in _read(snapshot, counts, report, _parse):
-                if repeated and id_hash(str(record.id)) in repeated:
-                    counts.duplicates += 1
-                    continue
-                yield record
+            with LineReader(snapshot.path) as reader:
+                for record in _read(snapshot, counts, report, reader.read):
+                    if repeated and id_hash(str(record.id)) in repeated:
+                        counts.duplicates += 1
+                        continue
+                    yield record
 
     def failure_lines(self, dataset: str, report: bool = False) -> Iterator[dict[str, Any]]:
         for snapshot in self.failures.get(dataset, []):
@@ -148,7 +150,7 @@ class RunSource:
 
 
 def _read(snapshot: Snapshot, counts: ReadCounts, report: bool,
-          parse: Callable[[bytes], Line | None]) -> Iterator[Line]:
+          parse: Callable[[bytes, int], Line | None]) -> Iterator[Line]:
     scan = LineScan()
     yield from iter_jsonl(snapshot, scan, parse)
     counts.torn_tail_bytes += scan.torn_tail_bytes
@@ -202,12 +204,12 @@ def _sessions(run: Run) -> list[SourceSession]:
     return sessions
 
 
-def iter_jsonl(snapshot: Snapshot, scan: LineScan, parse: Callable[[bytes], Line | None]
-               ) -> Iterator[Line]:
+def iter_jsonl(snapshot: Snapshot, scan: LineScan,
+               parse: Callable[[bytes, int], Line | None]) -> Iterator[Line]:
     """The JSON objects of a JSONL file up to its snapshot size, one at a time, as `parse`
-    reads them."""
-    for lineno, line in complete_lines(snapshot, scan):
-        record = parse(line)
+    reads them (given each line and the byte it starts at)."""
+    for lineno, start, line in complete_lines(snapshot, scan):
+        record = parse(line, start)
         if record is None:
             if line.strip():
                 scan.bad_lines.append(lineno)
@@ -215,11 +217,7 @@ def iter_jsonl(snapshot: Snapshot, scan: LineScan, parse: Callable[[bytes], Line
         yield record
 
 
-def _parse(line: bytes) -> Answer | None:
-    return read_record(line)
-
-
-def _parse_object(line: bytes) -> dict[str, Any] | None:
+def _parse_object(line: bytes, _start: int) -> dict[str, Any] | None:
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError:

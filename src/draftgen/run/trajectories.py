@@ -23,7 +23,8 @@ from draftgen.datasets.sampling_mix import sampling_for
 from draftgen.formats import Format, get_format
 from draftgen.formats.trajectory import TurnAnswer, end_after, turn_messages, with_calls_read
 from draftgen.store import RunLayout
-from draftgen.store.record import Record, read_record
+from draftgen.store.prompt_refs import LineReader
+from draftgen.store.record import Record
 from draftgen.types import Prompt, RawAnswer, Rebuilt
 
 log = logging.getLogger("draftgen")
@@ -159,9 +160,11 @@ def written_turns(folders: Iterable[Path], dataset: str) -> dict[str, list[Recor
         path = RunLayout(folder).responses(dataset)
         if not path.exists():
             continue
-        with open(path, "rb") as f:
+        with open(path, "rb") as f, LineReader(path) as reader:
+            start = 0
             for line in f:
-                record = read_record(line)
+                record = reader.read(line, start) if line.endswith(b"\n") else None
+                start += len(line)
                 if not isinstance(record, Record) or not isinstance(record.conversation, str) \
                         or not isinstance(record.turn, int):
                     continue

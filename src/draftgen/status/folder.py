@@ -12,7 +12,12 @@ from draftgen.status.clock import Activity, RateClock
 from draftgen.status.model import DatasetStatus, RunStatus, latest
 from draftgen.status.notes import run_notes
 from draftgen.status.sums import Columns, contains, read_answers, read_failures
-from draftgen.status.trajectories import count_in_flight, read_turns, trajectory_status
+from draftgen.status.trajectories import (
+    count_in_flight,
+    count_stopped_by_budget,
+    index_turns,
+    trajectory_status,
+)
 from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash
 from draftgen.store.journal import JournalTail
@@ -68,8 +73,9 @@ def read_folder_answers(folder: RunFolder) -> FolderAnswers:
             d.torn_tail_bytes["responses.jsonl"] = torn
         f.done_ids[name], f.cols[name] = read_answers(d, cols)
         if name in trajectories:
-            d.trajectories = trajectory_status(read_turns(responses.path, cols.rows["end"]),
-                                               d.total)
+            turns = index_turns(folder.index_entries(name, cols), responses.path,
+                                cols.rows["end"])
+            d.trajectories = trajectory_status(turns, d.total)
         f.datasets[name] = d
     return f
 
@@ -94,12 +100,17 @@ def folder_status(f: FolderAnswers, answered: dict[str, np.ndarray], now: float)
     last_activity = latest(last_activity, journal.last_t)
     rescued, rescue_error = _read_rescued(folder)
     _in_flight(journal, f.datasets, answered, failed_at, rescued.records)
+    sessions = folder.sessions
+    last_outcome = sessions[-1].outcome if sessions else None
     for name, d in f.datasets.items():
         if d.trajectories is not None:
             count_in_flight(d.trajectories, [r.id for r in journal.open if r.dataset == name])
+            # A budget skipped turns (`skipped`), and the session ended by it or completed
+            # otherwise (not stopped by hand, not killed).
+            if not folder.live and d.skipped and last_outcome in ("budget", "completed"):
+                count_stopped_by_budget(d.trajectories, failed_at[name])
     first_activity = min((d.first_t for d in f.datasets.values() if d.first_t is not None),
                          default=None)
-    sessions = folder.sessions
     clock = RateClock([Activity(sessions, folder.live, first_activity, last_activity)], now)
     total = clock.total(f.datasets, f.cols)
     holder = folder.holder or {}
@@ -108,7 +119,7 @@ def folder_status(f: FolderAnswers, answered: dict[str, np.ndarray], now: float)
         started_at=f.info.created_at or (sessions[0].started_at if sessions
                                          else total.first_t),
         last_activity=last_activity, now=now, sessions=len(sessions),
-        last_outcome=sessions[-1].outcome if sessions else None,
+        last_outcome=last_outcome,
         datasets=f.datasets, total=total, journal=journal,
         unsettled_usd=sum(s.unknown_bills_usd for s in sessions),
         probe_usd=sum(s.probe_spent_usd for s in sessions),

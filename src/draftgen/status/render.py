@@ -124,14 +124,14 @@ def _trajectories_table(trajectories: dict[str, TrajectoryStatus]) -> Any:
     from rich.table import Table
 
     t = Table(title="conversations (turns: all)", title_justify="left", header_style="bold")
-    for col in ("dataset", "done", "pending", "in flight", "turns", "turns/conv", "max",
-                "ended"):
+    for col in ("dataset", "done", "pending", "in flight", "stopped by budget", "turns",
+                "turns/conv", "max", "ended"):
         t.add_column(col, justify="left" if col in ("dataset", "ended") else "right")
     for name, tr in trajectories.items():
         mean = f"{tr.turns / tr.conversations:.2f}" if tr.conversations else "-"
         ends = ", ".join(f"{k} {n:,}" for k, n in tr.ends.most_common()) or "-"
-        t.add_row(name, _n(tr.done), _n(tr.pending), _n(tr.in_flight), _n(tr.turns), mean,
-                  _n(tr.max_turns), ends)
+        t.add_row(name, _n(tr.done), _n(tr.pending), _n(tr.in_flight),
+                  _n(tr.stopped_by_budget), _n(tr.turns), mean, _n(tr.max_turns), ends)
     return t
 
 

@@ -1,12 +1,13 @@
 """Status of `turns: all` datasets (docs/trajectories.md): conversations done (a turn with an
-`end` written), pending and in flight, turns written, turns per conversation, where the
-trajectories ended and why.
+`end` written), pending, in flight and stopped by a budget, turns written, turns per
+conversation, where the trajectories ended and why.
 
-The index holds neither `conversation` nor `end`, so they are read from the records, cheaply:
-a record's trajectory fields are the last keys of its line (`store.record.Record`'s field
-order: ... `conversation`, `turn`, `end`, `sampling`), so only the last bytes before each line
-end the index gives are read (a memory map: one page per turn, not the token IDs). A line
-whose tail does not hold them (a very long conversation ID or sampling) is read whole.
+A turn's `conversation`, `turn` and `end` are its index entry's (`store.entry.IndexEntry`).
+An index written before the entries held them is read as before: from the records, cheaply,
+since a record's trajectory fields are the last keys of its line (`store.record.Record`'s
+field order: ... `conversation`, `turn`, `end`, `sampling`), so only the last bytes before each
+line end are read (a memory map: one page per turn, not the token IDs); a line whose tail does
+not hold them (a very long conversation ID or sampling) is read whole.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 import mmap
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+
+from draftgen.store.entry import IndexEntry
 
 TAIL_BYTES = 1024
 """How much of each line's end is read for its trajectory fields."""
@@ -45,18 +48,25 @@ class TrajectoryStatus:
     """Conversations done, per end reason."""
     total: int | None = None
     """The dataset's conversations, where run.json records its `total`."""
+    stopped_by_budget: int = 0
+    """Conversations started, not done, that a budget stopped (the run is not live; a later
+    run with more budget continues them)."""
     ended: set[str] = field(default_factory=set, repr=False)
     """The conversations done (to tell the in-flight ones)."""
+    next_turn: dict[str, int] = field(default_factory=dict, repr=False)
+    """Each conversation not done: the turn after its last one written."""
+    flying: set[str] = field(default_factory=set, repr=False)
+    """The conversations not done with a request in flight."""
 
     @property
     def pending(self) -> int:
-        """Conversations not done and not in flight (with the total known, those not started
-        too; without it, the started ones only)."""
+        """Conversations not done, not in flight and not stopped by a budget (with the total
+        known, those not started too; without it, the started ones only)."""
         base = self.total if self.total is not None else self.conversations
-        return max(0, base - self.done - self.in_flight)
+        return max(0, base - self.done - self.in_flight - self.stopped_by_budget)
 
     def merge(self, other: TrajectoryStatus) -> None:
-        for name in ("conversations", "done", "in_flight", "turns"):
+        for name in ("conversations", "done", "in_flight", "turns", "stopped_by_budget"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_turns = max(self.max_turns, other.max_turns)
         self.ends.update(other.ends)
@@ -68,7 +78,7 @@ class TrajectoryStatus:
         mean = self.turns / self.conversations if self.conversations else None
         return {"conversations": self.conversations, "done": self.done,
                 "pending": self.pending, "in_flight": self.in_flight,
-                "turns_written": self.turns,
+                "stopped_by_budget": self.stopped_by_budget, "turns_written": self.turns,
                 "turns_per_conversation": {"mean": None if mean is None else round(mean, 3),
                                            "max": self.max_turns},
                 "ends": dict(self.ends.most_common())}
@@ -76,6 +86,24 @@ class TrajectoryStatus:
 
 Turn = tuple[str, int, str | None]
 """(conversation, turn, end) of one record."""
+
+
+def index_turns(entries: list[IndexEntry] | None, path: Path, line_ends: np.ndarray
+                ) -> list[Turn]:
+    """The trajectory fields of a dataset's records: their index entries' (`entries`, one per
+    line end), read from the records' lines where an entry lacks them (an older index) or
+    the entries are not to be had (None)."""
+    if entries is None:
+        return read_turns(path, line_ends)
+    turns: list[Turn] = []
+    older: list[int] = []
+    for entry in entries:
+        if entry.has_turn:
+            assert entry.conversation is not None and entry.turn is not None
+            turns.append((entry.conversation, entry.turn, entry.end_reason))
+        else:
+            older.append(entry.end)
+    return turns + read_turns(path, np.array(older, dtype=np.int64)) if older else turns
 
 
 def read_turns(path: Path, line_ends: np.ndarray) -> list[Turn]:
@@ -132,12 +160,23 @@ def trajectory_status(turns: Iterable[Turn], total: int | None = None) -> Trajec
     st.done = len(ended)
     st.ends = Counter(ended.values())
     st.ended = set(ended)
+    st.next_turn = {c: max(t) + 1 for c, t in written.items() if c not in ended}
     return st
 
 
 def count_in_flight(st: TrajectoryStatus, request_ids: Iterable[str]) -> None:
     """The conversations not done among the requests in flight."""
-    st.in_flight = len({conversation_of(r) for r in request_ids} - st.ended)
+    st.flying = {conversation_of(r) for r in request_ids} - st.ended
+    st.in_flight = len(st.flying)
+
+
+def count_stopped_by_budget(st: TrajectoryStatus, failed: Container[str]) -> None:
+    """The run is not live and a budget left turns of the dataset unsent: its conversations
+    started, not done, not in flight at the stop, whose next turn did not fail (`failed`: the
+    request IDs of failures not answered since), were stopped by the budget."""
+    st.stopped_by_budget = sum(
+        1 for conversation, turn in st.next_turn.items()
+        if conversation not in st.flying and f"{conversation}#{turn}" not in failed)
 
 
 def conversation_of(request_id: str) -> str:

@@ -18,7 +18,6 @@ from typing import Any
 import orjson
 
 from draftgen.errors import DraftgenError
-from draftgen.store.record import Record, encode_record
 
 
 class StoreError(DraftgenError):
@@ -50,14 +49,13 @@ class JsonlAppender:
         self._last_fsync = time.monotonic()
         self._dirty = False
         self._pending: Future[None] | None = None
+        self._pending_size = 0
+        self._durable = 0
+        """Bytes known to be on disk: those an fsync that returned covered."""
 
     def append(self, obj: Any) -> None:
         """One JSON line of plain values (journal events, failures)."""
         self.append_bytes(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
-
-    def append_record(self, record: Record) -> None:
-        """One answer's line (`store.record.encode_record`)."""
-        self.append_bytes(encode_record(record) + b"\n")
 
     def append_bytes(self, line: bytes) -> None:
         before = self._size
@@ -81,6 +79,20 @@ class JsonlAppender:
         """Bytes in the file, as this appender wrote them."""
         return self._size
 
+    @property
+    def durable_size(self) -> int:
+        """Bytes of the file an fsync is known to have covered (a background one counts once
+        it has returned)."""
+        if self._pending is not None and self._pending.done():
+            self._check_pending()
+        return self._durable
+
+    def sync_soon(self) -> None:
+        """Start a background fsync of what is written now, unless one is running (the next
+        append or `sync_soon` after it starts another)."""
+        if self._dirty and (self._pending is None or self._pending.done()):
+            self._sync_in_background()
+
     def _undo_partial(self, size: int) -> None:
         # A partial line followed by later appends would leave a corrupt line mid-file.
         with contextlib.suppress(OSError):  # resume detects and cuts a torn tail anyway
@@ -93,6 +105,7 @@ class JsonlAppender:
             self._check_pending()
         self._dirty = False
         self._last_fsync = time.monotonic()
+        self._pending_size = self._size
         self._pending = _background().submit(os.fsync, self._fd)
 
     def _check_pending(self) -> None:
@@ -105,6 +118,7 @@ class JsonlAppender:
         except OSError as e:
             self._dirty = True
             raise StoreError(f"{self.path}: fsync failed: {e.strerror}") from None
+        self._durable = max(self._durable, self._pending_size)
 
     def sync(self) -> None:
         self._check_pending()
@@ -114,6 +128,7 @@ class JsonlAppender:
             except OSError as e:
                 raise StoreError(f"{self.path}: fsync failed: {e.strerror}") from None
             self._dirty = False
+        self._durable = self._size
         self._last_fsync = time.monotonic()
 
     def close(self) -> None:

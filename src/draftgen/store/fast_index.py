@@ -53,6 +53,8 @@ class IndexColumns:
     from_binary: int = 0
     from_json: int = 0
     from_data: int = 0
+    caught_up: list[IndexEntry] = field(default_factory=list)
+    """The entries of the rows after the binary ones (from the JSON index, then the data)."""
 
     def name(self, code: int) -> str | None:
         return self.names.get(int(code), f"#{int(code):08x}")
@@ -177,11 +179,24 @@ def _index_columns(trusted: np.ndarray, behind: IndexTail, data_line_ends: list[
     out = IndexColumns(rows=trusted, bad_lines=behind.bad_lines, from_binary=len(trusted),
                        from_json=len(behind.entries), from_data=len(behind.from_data))
     _resolve_names(trusted, index_path, out.names)
-    extra = behind.entries + behind.from_data
+    extra = out.caught_up = behind.entries + behind.from_data
     if extra:
         _add_names(extra, out.names)
         out.rows = concat_rows(trusted, rows_for(extra, behind.line_ends + data_line_ends))
     return out
+
+
+def index_entries(index_path: Path, cols: IndexColumns) -> list[IndexEntry] | None:
+    """The entries behind the rows of `cols`, in order: the binary rows' from their JSON index
+    lines, then those caught up; None when the JSON lines are not one per binary row."""
+    n = cols.from_binary
+    entries: list[IndexEntry] = []
+    if n:
+        stop = int(cols.rows["iend"][n - 1])
+        entries, _ = parse_index_lines(read_span(index_path, 0, stop), 0)
+        if len(entries) != n:
+            return None
+    return entries + cols.caught_up
 
 
 def torn_tail_bytes(path: Path, size: int, block: int = 1 << 16) -> int:

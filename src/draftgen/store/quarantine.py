@@ -17,10 +17,11 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -30,6 +31,8 @@ from draftgen.store.entry import IndexEntry
 from draftgen.store.index import read_index, rewrite_index
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import RunLock, RunLocked, lock_holder
+from draftgen.store.prompt_refs import LineReader
+from draftgen.store.record import Record, RecordError, decode_line, encode_line, encode_record
 from draftgen.store.resume import cut_torn_tail
 
 _COPY = 1 << 22
@@ -113,22 +116,29 @@ def move_lines(folder: Path, dataset: str, lines: Sequence[MovedLine]) -> tuple[
     tmp = path.with_name(path.name + ".quarantine.tmp")
     now = time.time()
     already = 0
-    with open(path, "rb") as src, open(tmp, "wb") as kept, open(qpath, "ab") as quar:
+    with open(path, "rb") as src, open(tmp, "wb") as kept, open(qpath, "ab") as quar, \
+            LineReader(path) as reader:
+        # Turns written as the turns they extend after the first moved line: copied line by
+        # line, each pointed at its turn's new place; otherwise the bytes as they are.
+        relines = _KeptLines(lines[0].start) if lines and _names_lines(src, lines[0].start) \
+            else None
         pos = 0
         for moved in lines:
-            _copy(src, kept, pos, moved.start)
+            _copy_kept(src, kept, pos, moved.start, reader, relines)
             src.seek(moved.start)
-            line, key = _quarantine_line(src.read(moved.end - moved.start), moved.problems, now)
+            whole = _whole(reader, src.read(moved.end - moved.start), moved.start)
+            line, key = _quarantine_line(whole, moved.problems, now)
             if key is None or key not in known:
                 quar.write(line)
             else:
                 already += 1
             pos = moved.end
-        _copy(src, kept, pos, None)
+        _copy_kept(src, kept, pos, None, reader, relines)
         for f in (kept, quar):
             f.flush()
             os.fsync(f.fileno())
-    new_entries = _shift(entries, [(m.start, m.end) for m in lines])
+    new_entries = (_shift(entries, [(m.start, m.end) for m in lines]) if relines is None
+                   else _moved_entries(entries, relines))
     for p in (layout.index(dataset), layout.columns(dataset)):
         p.unlink(missing_ok=True)
     _fsync_dir(path.parent)
@@ -200,9 +210,106 @@ def _copy(src: BinaryIO, dst: BinaryIO, start: int, stop: int | None) -> None:
             left -= len(chunk)
 
 
+@dataclass
+class _KeptLines:
+    """Where the kept lines after the first moved one are now (those before it stay)."""
+
+    moved_from: int
+    """Where the first moved line started."""
+    starts: dict[int, int] = field(default_factory=dict)
+    """Old line start -> new line start."""
+    ends: dict[int, int] = field(default_factory=dict)
+    """Old line end -> new line end."""
+
+
+_EXTENDS = b'"extends":{'
+
+
+def _names_lines(src: BinaryIO, start: int) -> bool:
+    """Whether the file from `start` may hold a turn written as the turn it extends."""
+    overlap = len(_EXTENDS) - 1
+    pos = start
+    while True:
+        chunk = os.pread(src.fileno(), _COPY, pos)
+        if _EXTENDS in chunk:
+            return True
+        if len(chunk) < _COPY:
+            return False
+        pos += len(chunk) - overlap
+
+
+def _copy_kept(src: BinaryIO, dst: BinaryIO, start: int, stop: int | None, reader: LineReader,
+               relines: _KeptLines | None) -> None:
+    """Copy the kept lines from `start` to `stop` (None: the end): line by line where they
+    follow a moved line and the file names lines (`relines`), else as bytes."""
+    if relines is None or start < relines.moved_from:
+        _copy(src, dst, start, stop)
+    else:
+        _copy_lines(src, dst, start, stop, reader, relines)
+
+
+def _copy_lines(src: BinaryIO, dst: BinaryIO, start: int, stop: int | None,
+                reader: LineReader, kept: _KeptLines) -> None:
+    """Copy the lines from `start` to `stop` (None: the end), which follow a moved line,
+    noting where each is now. A turn that extends an earlier line is pointed at that line's
+    new place, or written whole where that line was moved."""
+    src.seek(start)
+    pos = start
+    while stop is None or pos < stop:
+        line = src.readline()
+        if not line:
+            break
+        kept.starts[pos] = dst.tell()
+        end = pos + len(line)
+        if line.endswith(b"\n") and _EXTENDS in line:
+            line = _repointed(reader, line, pos, kept)
+        dst.write(line)
+        kept.ends[end] = dst.tell()
+        pos = end
+
+
+def _repointed(reader: LineReader, line: bytes, at: int, kept: _KeptLines) -> bytes:
+    """The line of a turn that extends an earlier line, once the lines before it moved: the
+    same where that line stays before the first move, pointing at its new place where it was
+    kept after it, whole where it was moved."""
+    try:
+        decoded = decode_line(line)
+    except RecordError:
+        return line  # not a record: the audit reports it
+    if isinstance(decoded, Record) or decoded.extends.at < kept.moved_from:
+        return line
+    new_at = kept.starts.get(decoded.extends.at)
+    if new_at is not None:
+        extends = msgspec.structs.replace(decoded.extends, at=new_at)
+        return encode_line(msgspec.structs.replace(decoded, extends=extends)) + b"\n"
+    return _whole(reader, line, at)
+
+
+def _whole(reader: LineReader, line: bytes, at: int) -> bytes:
+    """The line as a whole record where it is a turn that extends an earlier line (one that
+    cannot be expanded is kept as it is)."""
+    if _EXTENDS not in line:
+        return line
+    record = reader.read(line, at)
+    return encode_record(record) + b"\n" if isinstance(record, Record) else line
+
+
+def _moved_entries(entries: list[IndexEntry], kept: _KeptLines) -> list[IndexEntry]:
+    """The index entries of the kept records, with their new ends (lines copied line by
+    line)."""
+    out = []
+    for entry in entries:
+        if entry.end <= kept.moved_from:
+            out.append(entry)
+        elif entry.end in kept.ends:
+            entry.end = kept.ends[entry.end]
+            out.append(entry)
+    return out
+
+
 def _shift(entries: list[IndexEntry], removed: list[tuple[int, int]]) -> list[IndexEntry]:
     """The index entries of the kept records, with their ends moved back by the bytes removed
-    before them."""
+    before them (lines copied as bytes)."""
     if not removed:
         return entries
     ends = np.array([e for _, e in removed], dtype=np.int64)

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.errors import DraftgenError
-from draftgen.store.fast_index import IndexColumns, load_index_columns, torn_tail_bytes
+from draftgen.store.entry import IndexEntry
+from draftgen.store.fast_index import (
+    IndexColumns,
+    index_entries,
+    load_index_columns,
+    torn_tail_bytes,
+)
 from draftgen.store.journal import JournalTail, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
@@ -72,13 +78,15 @@ class LineScan:
 
 
 def complete_lines(snapshot: Snapshot, scan: LineScan, block: int = 1 << 20
-                   ) -> Iterator[tuple[int, bytes]]:
-    """The complete lines of a file up to its snapshot size with their 1-based numbers; the
-    bytes after the last newline are counted in `scan.torn_tail_bytes`, never returned."""
+                   ) -> Iterator[tuple[int, int, bytes]]:
+    """The complete lines of a file up to its snapshot size with their 1-based numbers and
+    the byte each starts at; the bytes after the last newline are counted in
+    `scan.torn_tail_bytes`, never returned."""
     with open(snapshot.path, "rb") as f:
         remaining = snapshot.size
         pending = b""
         lineno = 0
+        start = 0
         while remaining > 0:
             chunk = f.read(min(block, remaining))
             if not chunk:
@@ -88,7 +96,8 @@ def complete_lines(snapshot: Snapshot, scan: LineScan, block: int = 1 << 20
             pending = lines.pop()
             for line in lines:
                 lineno += 1
-                yield lineno, line
+                yield lineno, start, line
+                start += len(line) + 1
         scan.torn_tail_bytes = len(pending)
 
 
@@ -147,6 +156,12 @@ class RunFolder:
     def index_columns(self, dataset: str, size: int | None = None) -> IndexColumns:
         """The dataset's index caught up with its responses file at `size` bytes."""
         return load_index_columns(self.layout, dataset, size)
+
+    def index_entries(self, dataset: str, cols: IndexColumns) -> list[IndexEntry] | None:
+        """The index entries behind `cols` (from `index_columns`), with what the binary rows
+        leave out (a `turns: all` record's `conversation`, `turn`, `end_reason`); None when
+        the JSON index does not match the rows (read the records instead)."""
+        return index_entries(self.layout.index(dataset), cols)
 
     def torn_tail(self, snapshot: Snapshot) -> int:
         """Bytes after the last newline of the snapshot (a torn last line)."""

@@ -5,6 +5,11 @@ The field order is the line's key order ("id" first, for people reading the file
 `session` are left out of the line when unset; fields added after the first release have
 defaults, so that older runs still read. `decode_record` checks every field's type, so that a
 reader gets either a `Record` whose fields are what they say or a `RecordError` naming the field.
+
+A `turns: all` turn whose prompt extends an earlier turn's record in the same file is written as
+a `TurnLine` (`store.prompt_refs` decides, and reads it back as the whole `Record`): the
+Record's fields, less `messages`, `tools` and `input_ids`, which `extends` replaces with what
+the prompt adds to that earlier turn's.
 """
 
 from __future__ import annotations
@@ -102,12 +107,57 @@ class Record(msgspec.Struct, kw_only=True, gc=False):
 FIELDS: tuple[str, ...] = Record.__struct_fields__
 
 
+class Extends(msgspec.Struct, kw_only=True, gc=False):
+    """A turn's prompt as the earlier turn of its conversation it extends, plus what it adds
+    (a `TurnLine`'s `extends`): the whole prompt is that turn's `messages` + `messages`, its
+    `tools`, and the first `keep` of its `input_ids` + `output_ids` + `input_ids`."""
+
+    id: str
+    """The extended turn's `id`."""
+    at: Annotated[int, msgspec.Meta(ge=0)]
+    """Where the extended turn's line starts in the same responses.jsonl (an earlier line)."""
+    keep: Annotated[int, msgspec.Meta(ge=0)]
+    """How many of the extended turn's prompt + answer IDs this prompt starts with (all of
+    them where the template renders the answer back as sampled; fewer where it drops or
+    re-renders part of the history)."""
+    messages: list[dict[str, Any]]
+    """The messages after the extended turn's."""
+    input_ids: list[TokenId]
+    """The prompt's IDs after the first `keep`."""
+
+
+def _turn_line_fields() -> list[tuple[Any, ...]]:
+    """Record's fields in its order, `extends` in place of `messages`, no `tools` nor
+    `input_ids`."""
+    out: list[tuple[Any, ...]] = []
+    for f in msgspec.structs.fields(Record):
+        if f.name == "messages":
+            out.append(("extends", Extends))
+        elif f.name not in PROMPT_FIELDS:
+            default = (f.default if f.default is not msgspec.NODEFAULT
+                       else msgspec.field(default_factory=f.default_factory)
+                       if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT)
+            out.append((f.name, f.type) if default is msgspec.NODEFAULT
+                       else (f.name, f.type, default))
+    return out
+
+
+PROMPT_FIELDS = ("messages", "tools", "input_ids")
+"""The Record's fields that `Extends` stands for in a `TurnLine`."""
+TurnLine = msgspec.defstruct("TurnLine", _turn_line_fields(), kw_only=True, gc=False)
+"""A turn's line whose prompt extends an earlier turn's (see the module's docstring)."""
+SHARED_FIELDS: tuple[str, ...] = tuple(f for f in Record.__struct_fields__
+                                       if f not in PROMPT_FIELDS)
+"""The fields a `TurnLine` holds as the `Record` does."""
+
+
 class RecordError(DraftgenError):
     """A line of responses.jsonl that is not a record; the message names the field."""
 
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(Record)
+_TURN_DECODER = msgspec.json.Decoder(TurnLine)
 
 
 def encode_record(record: Record) -> bytes:
@@ -117,11 +167,49 @@ def encode_record(record: Record) -> bytes:
 
 def decode_record(line: bytes | str) -> Record:
     """The record of one line; `RecordError` (naming the field, e.g. `$.input_ids[3]`) when the
-    line is not JSON or a field is missing or of the wrong type."""
+    line is not JSON or a field is missing or of the wrong type, or is a `TurnLine` (read
+    those through `store.prompt_refs.LineReader`, which knows their file)."""
+    decoded = decode_line(line)
+    if not isinstance(decoded, Record):
+        raise RecordError(f"turn {decoded.id!r} extends turn {decoded.extends.id!r} of its "
+                          "file: read it from its responses.jsonl")
+    return decoded
+
+
+def decode_line(line: bytes | str) -> Any:
+    """The `Record` or `TurnLine` of one line (typed `Any`: `TurnLine` is built at import);
+    `RecordError` naming the field when it is neither (the Record's error)."""
     try:
         return _DECODER.decode(line)
     except msgspec.DecodeError as e:
-        raise RecordError(f"not a record: {e}") from None
+        error = e
+    try:
+        return _TURN_DECODER.decode(line)
+    except msgspec.DecodeError:
+        raise RecordError(f"not a record: {error}") from None
+
+
+def encode_turn_line(record: Record, extends: Extends) -> bytes:
+    """The line (without the newline) of a record whose prompt is `extends` of an earlier
+    turn's (`store.prompt_refs` checks that it is)."""
+    shared = {name: getattr(record, name) for name in SHARED_FIELDS}
+    return _ENCODER.encode(TurnLine(**shared, extends=extends))
+
+
+def encode_line(value: Record | Any) -> bytes:
+    """A `Record`'s or `TurnLine`'s line, without the newline."""
+    return _ENCODER.encode(value)
+
+
+def extended(base: Record, line: Any) -> Record:
+    """The whole record of a `TurnLine` whose `extends` names `base`."""
+    ext: Extends = line.extends
+    shared = {name: getattr(line, name) for name in SHARED_FIELDS}
+    ids = base.input_ids[:ext.keep]
+    ids.extend(base.output_ids[:ext.keep - len(ids)])
+    ids.extend(ext.input_ids)
+    return Record(**shared, messages=[*base.messages, *ext.messages], tools=base.tools,
+                  input_ids=ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +232,17 @@ def read_record(line: bytes | str) -> Record | Damaged | None:
     try:
         return decode_record(line)
     except RecordError as e:
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return None
-        return Damaged(value, str(e)) if isinstance(value, dict) else None
+        return damaged(line, str(e))
+
+
+def damaged(line: bytes | str, error: str) -> Damaged | None:
+    """The line as a `Damaged` record failing with `error`; None when it is not a JSON
+    object."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return Damaged(value, error) if isinstance(value, dict) else None
 
 
 def record_as_dict(record: Record) -> dict[str, Any]:

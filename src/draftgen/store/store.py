@@ -10,6 +10,7 @@ from draftgen.store.columns import row_bytes
 from draftgen.store.index import entry_for, sync_from_index
 from draftgen.store.journal import OpenTracker
 from draftgen.store.layout import TORN, RunLayout
+from draftgen.store.prompt_refs import PromptRefs
 from draftgen.store.record import Record
 from draftgen.store.resume import cut_torn_tail
 
@@ -23,6 +24,9 @@ class Store:
         """(RunLayout method, dataset) -> appender: building and hashing a Path for each
         write cost as much as the write itself (bench/client_throughput.py)."""
         self._open_requests = OpenTracker()
+        self._prompt_refs = PromptRefs()
+        """The turns a `turns: all` turn's prompt may be written as extending
+        (`store.prompt_refs`)."""
         """Requests journaled as sent and not yet ended; written out now and then (see
         `store.journal`) so that readers need not parse the whole journal."""
 
@@ -53,12 +57,18 @@ class Store:
 
     def append_record(self, dataset: str, record: Record | dict[str, Any]) -> None:
         """Append the record, then its index entry, then the entry's binary row (a kill
-        between these is repaired from the data on the next scan). The run writes `Record`s;
+        between these is repaired from the data on the next scan). The run writes `Record`s
+        (a turn of a conversation as the turn it extends where it can: `store.prompt_refs`);
         a dict is a line written as given (tests, lines of older schemas)."""
         columns = self._columns(dataset)
         data = self._file("responses", dataset)
         if isinstance(record, Record):
-            data.append_record(record)
+            prepared = self._prompt_refs.prepare(dataset, record, data.durable_size)
+            start = data.size
+            data.append_bytes(prepared.line)
+            self._prompt_refs.written(prepared, start, data.size)
+            if prepared.turn is not None:
+                data.sync_soon()  # so that the next turn finds this one durable
         else:
             data.append(record)
         entry = entry_for(record, data.size)
