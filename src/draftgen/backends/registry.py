@@ -16,7 +16,7 @@ import importlib
 import os
 import typing
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Self, TypeVar
 
 from pydantic import (
     Field,
@@ -32,9 +32,6 @@ from pydantic_core import CoreSchema, ErrorDetails
 
 from draftgen.config_base import ConfigError, StrictModel, refuse_managed_keys
 from draftgen.redact import keep_secret
-
-if TYPE_CHECKING:
-    from draftgen.backends.base import Backend
 
 _REGISTRY: dict[str, type[BackendConfigBase]] = {}
 
@@ -135,8 +132,9 @@ class BackendConfigBase(StrictModel):
 
     _no_managed_keys = field_validator("extra_body")(refuse_managed_keys)
 
-    def backend_class(self) -> type[Backend]:
-        """The class that serves a backend of this config (each registered type says)."""
+    def backend_class(self) -> type:
+        """The `backends.base.Backend` subclass that serves a backend of this config (each
+        registered type says; not imported here: base imports this module)."""
         raise NotImplementedError(f"backend type {self.type!r} names no backend class")
 
     @field_validator("url")
