@@ -67,7 +67,7 @@ def main() -> int:
     p.add_argument("--latency", type=float, default=1.0)
     args = p.parse_args()
 
-    from draftgen.backends.registry import Price
+    from draftgen.config.backends import Price
 
     price = Price(**PRICE)
     common.print_machine()

@@ -66,8 +66,8 @@ def main() -> int:
     p.add_argument("--latency", type=float, default=0.5)
     args = p.parse_args()
 
-    from draftgen.backends.registry import Price
     from draftgen.budget import FilePool
+    from draftgen.config.backends import Price
     from draftgen.store.shards import shard_folders
 
     common.print_machine()

@@ -2,7 +2,7 @@
 
 - docs/configuration.md: a table per run.yaml section, from the pydantic models of
   `draftgen.config` (`RunConfig` and the models under it; the registered backend types,
-  `backends.registry.backend_types`, as one table with the types that take each key);
+  `config.backends.backend_types`, as one table with the types that take each key);
 - docs/record.md: the record's fields, from `draftgen.store.record.Record` (and `Usage`).
 
 Each row's text is the field's docstring in the code. Only the part of each page between the
@@ -130,8 +130,8 @@ def type_name(tp: Any, link: Callable[[type], str] | None = None) -> str:
 
 def _registered(annotated_args: tuple[Any, ...]) -> list[type[BaseModel]]:
     """The registered backend types' models, where an `Annotated` type's metadata says its
-    value is one of them (`backends.registry.BackendConfig`); [] otherwise."""
-    from draftgen.backends.registry import RegisteredTypes
+    value is one of them (`config.backends.BackendConfig`); [] otherwise."""
+    from draftgen.config.backends import RegisteredTypes
 
     return next((list(meta.models()) for meta in annotated_args[1:]
                  if isinstance(meta, RegisteredTypes)), [])
@@ -190,7 +190,7 @@ class Section:
 
 def _models_in(tp: Any) -> list[type[BaseModel]]:
     """The config models a field's type holds (a union's several, the registered backend
-    types' models for `backends.registry.BackendConfig`), in order."""
+    types' models for `config.backends.BackendConfig`), in order."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return [tp]

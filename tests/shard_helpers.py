@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from draftgen.backends.registry import Price
 from draftgen.config import load_config
+from draftgen.config.backends import Price
 from draftgen.store.shards import ShardSpec, shard_folders, shard_of
 from tests.e2e_helpers import fast_backend, wait_for_lines, write_config, write_jsonl
 

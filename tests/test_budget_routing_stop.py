@@ -14,9 +14,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from draftgen.backends.registry import Price
 from draftgen.budget import Ledger, PriceWatch
 from draftgen.config import ConfigError, load_config
+from draftgen.config.backends import Price
 from draftgen.run import Runner, prepare
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import (

@@ -26,9 +26,9 @@ from draftgen.backends import (
 )
 from draftgen.backends.llamacpp import LlamaCppConfig
 from draftgen.backends.openrouter import OpenRouterConfig
-from draftgen.backends.registry import backend_types, parse_backend, register
 from draftgen.backends.sglang import SGLangConfig
 from draftgen.config import ConfigError, load_config
+from draftgen.config.backends import backend_types, parse_backend, register
 
 URL = "http://127.0.0.1:1"
 BACKEND_TYPES = backend_types()
@@ -145,7 +145,7 @@ import json, sys, textwrap
 from pathlib import Path
 from typing import Literal
 
-from draftgen.backends.registry import BackendConfigBase, register
+from draftgen.config.backends import BackendConfigBase, register
 from draftgen.backends.sglang import SGLangBackend
 
 
@@ -211,7 +211,7 @@ def test_importing_the_config_imports_no_backend() -> None:
     first validated, not with `draftgen.config`."""
     code = ("import sys, draftgen.config; print(sorted(m for m in sys.modules "
             "if m == 'aiohttp' or m.startswith('draftgen.backends.') "
-            "and m != 'draftgen.backends.registry'))")
+            "and m != 'draftgen.config.backends'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr

@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from draftgen.backends import base, make_backend
-from draftgen.backends.registry import parse_backend
 from draftgen.config import ModelConfig, SamplingConfig
+from draftgen.config.backends import parse_backend
 
 MODEL = ModelConfig(name="m", format="chatml", tokenizer="t.json")
 SAMPLING = SamplingConfig(max_tokens=8)

@@ -33,8 +33,8 @@ from draftgen.assets import smollm2_gguf
 from draftgen.backends import router as router_module
 from draftgen.backends.base import error_from_http
 from draftgen.backends.managed_llamacpp import ManagedLlamaServer, free_port, tail
-from draftgen.backends.registry import FleetConfig, parse_backend
 from draftgen.backends.router import healthy_workers, server_root
+from draftgen.config.backends import FleetConfig, parse_backend
 from draftgen.run import Outcome
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import (

@@ -11,7 +11,6 @@ from typing import TypeVar
 
 import pytest
 
-from draftgen.backends.registry import Price
 from draftgen.budget import (
     STALE_S,
     USD,
@@ -26,6 +25,7 @@ from draftgen.budget import (
     tokens_key,
 )
 from draftgen.config import load_config
+from draftgen.config.backends import Price
 from draftgen.run import Runner, prepare
 from draftgen.store.shards import ShardSpec, run_folders
 from draftgen.testing.fake_engine import TestServer

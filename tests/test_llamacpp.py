@@ -43,8 +43,8 @@ from draftgen.backends.managed_llamacpp import (
     default_threads,
 )
 from draftgen.backends.openai_chat import OpenAIConfig
-from draftgen.backends.registry import BackendConfig, parse_backend
 from draftgen.config import ConfigError, ModelConfig, SamplingConfig
+from draftgen.config.backends import BackendConfig, parse_backend
 from draftgen.formats import Format, get_format
 from draftgen.tokenize import Tokenizer, load_gguf_tokenizer
 from draftgen.types import BackendError, Prompt

@@ -20,8 +20,8 @@ from draftgen.backends.openai_chat import (
     answer_from_body,
     answer_from_json,
 )
-from draftgen.backends.registry import parse_backend
 from draftgen.config import ModelConfig, SamplingConfig
+from draftgen.config.backends import parse_backend
 from draftgen.formats import get_format
 from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer

@@ -1,7 +1,8 @@
 """Backends know wire protocols, never model formats. A backend type is one module here: its
-config model, registered with `registry.register` (run.yaml's `type` picks it), beside the
-class that serves it, whose `capabilities` say what its endpoint does. Adding a backend type is
-adding its module and its name to `BACKEND_MODULES`."""
+config model, registered with `draftgen.config.backends.register` (run.yaml's `type` picks it),
+beside the class that serves it, whose `capabilities` say what its endpoint does. Adding a
+backend type is adding its module and its name to `BACKEND_MODULES` (draftgen.config.backends).
+"""
 
 from __future__ import annotations
 
@@ -14,15 +15,11 @@ if TYPE_CHECKING:
     from draftgen.backends.llamacpp import LlamaCppChatBackend, LlamaCppNativeBackend
     from draftgen.backends.openai_chat import OpenAIChatBackend
     from draftgen.backends.openrouter import OpenRouterBackend
-    from draftgen.backends.registry import BackendConfigBase
     from draftgen.backends.router import BackendNotReady
     from draftgen.backends.sglang import SGLangBackend
     from draftgen.backends.vllm import VLLMChatBackend
     from draftgen.config import ModelConfig, SamplingConfig
-
-BACKEND_MODULES = ("openai_chat", "openrouter", "vllm", "sglang", "llamacpp")
-"""The modules of the backend types, in the order their types are listed (docs, errors):
-importing one registers its types (`registry.backend_types` imports them all)."""
+    from draftgen.config.backends import BackendConfigBase
 
 
 def capabilities_of(cfg: BackendConfigBase) -> Capabilities:
@@ -35,8 +32,8 @@ def make_backend(cfg: BackendConfigBase, model: ModelConfig, sampling: SamplingC
     return cfg.backend_class()(cfg, model, sampling)
 
 
-# Imported on first use: the registry (which `draftgen.config` imports) is a module of this
-# package, and must not bring aiohttp and every backend with it.
+# Imported on first use: importing the package (the registry imports its modules by name)
+# must not bring aiohttp and every backend with it.
 __getattr__ = lazy_exports(__name__, {
     "draftgen.backends.base": ("Backend", "Capabilities"),
     "draftgen.backends.llamacpp": ("LlamaCppChatBackend", "LlamaCppNativeBackend"),
@@ -48,7 +45,6 @@ __getattr__ = lazy_exports(__name__, {
 })
 
 __all__ = [
-    "BACKEND_MODULES",
     "Backend",
     "BackendNotReady",
     "Capabilities",

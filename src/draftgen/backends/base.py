@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import aiohttp
 import orjson
 
-from draftgen.backends.registry import BackendConfig, Price
 from draftgen.backends.router import wait_for_fleet
 from draftgen.config import ModelConfig, SamplingConfig
+from draftgen.config.backends import BackendConfig, Price
 from draftgen.redact import keep_header_secrets, keep_url_secrets, redact
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 

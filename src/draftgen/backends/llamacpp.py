@@ -26,8 +26,8 @@ from pydantic import Field, field_validator
 from draftgen.assets import resolve_builtin
 from draftgen.backends.base import Backend, Capabilities
 from draftgen.backends.openai_chat import ChatBackendConfig, OpenAIChatBackend
-from draftgen.backends.registry import register
 from draftgen.config import ModelConfig, SamplingConfig
+from draftgen.config.backends import register
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
 

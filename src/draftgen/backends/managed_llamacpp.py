@@ -50,7 +50,7 @@ import aiohttp
 
 from draftgen.assets import llama_server_binary
 from draftgen.backends.llamacpp import LlamaCppConfig
-from draftgen.backends.registry import BackendConfig
+from draftgen.config.backends import BackendConfig
 from draftgen.errors import DraftgenError
 from draftgen.tokenize import GGUFError, read_gguf_metadata
 

@@ -40,8 +40,8 @@ from draftgen.backends.base import (
     transport_error,
 )
 from draftgen.backends.chat_logprobs import decoded_logprobs, logprobs_of
-from draftgen.backends.registry import BackendConfigBase, register
 from draftgen.config import ModelConfig, SamplingConfig
+from draftgen.config.backends import BackendConfigBase, register
 from draftgen.tokenize import Tokenizer, TokenSpellings
 from draftgen.tokenize.logprob_tokens import LogprobTokens
 from draftgen.types import BackendError, Prompt, RawAnswer

@@ -11,7 +11,7 @@ import orjson
 
 from draftgen.backends.base import Backend, Capabilities
 from draftgen.backends.openai_chat import ChatBackendConfig, OpenAIChatBackend
-from draftgen.backends.registry import Price, register
+from draftgen.config.backends import Price, register
 
 
 @register

@@ -61,7 +61,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from draftgen.backends.registry import BackendConfig, FleetConfig
+from draftgen.config.backends import BackendConfig, FleetConfig
 from draftgen.errors import DraftgenError
 
 log = logging.getLogger("draftgen")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from draftgen.backends.base import Backend, Capabilities
-from draftgen.backends.registry import BackendConfigBase, register
+from draftgen.config.backends import BackendConfigBase, register
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
 

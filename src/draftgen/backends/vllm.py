@@ -7,7 +7,7 @@ from typing import Literal
 
 from draftgen.backends.base import Backend, Capabilities
 from draftgen.backends.openai_chat import ChatBackendConfig, OpenAIChatBackend
-from draftgen.backends.registry import register
+from draftgen.config.backends import register
 
 
 @register

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from draftgen.backends.registry import Price
+from draftgen.config.backends import Price
 
 PRICED, REPORTED, REPORT_REFUSED = "priced", "reported", "worst_case_report_refused"
 """Where an answer's `cost_usd` comes from (its record's `cost_source`): its usage priced (no

@@ -13,8 +13,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from draftgen.backends.registry import Price
 from draftgen.budget.pricing import counted_cost
+from draftgen.config.backends import Price
 from draftgen.formats import Format
 from draftgen.formats.base import (
     IDS_FROM_LOGPROBS,

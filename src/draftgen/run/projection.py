@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from draftgen.backends.registry import Price
 from draftgen.config import RunConfig
+from draftgen.config.backends import Price
 from draftgen.progress import duration_text
 from draftgen.store import RunLayout
 from draftgen.store.fast_index import load_index_columns

@@ -23,7 +23,6 @@ from typing import Any
 
 from draftgen.backends import Backend, BackendNotReady, make_backend
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
-from draftgen.backends.registry import Price
 from draftgen.budget import (
     BudgetPool,
     PriceWatch,
@@ -33,6 +32,7 @@ from draftgen.budget import (
     too_small,
 )
 from draftgen.config import ConfigError
+from draftgen.config.backends import Price
 from draftgen.perf import tuned_gc
 from draftgen.probe import Gate, ProbeOptions, gate_backends
 from draftgen.probe.exchange import probe_requests

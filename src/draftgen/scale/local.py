@@ -41,9 +41,9 @@ from types import FrameType
 
 import orjson
 
-from draftgen.backends.registry import BackendConfig
 from draftgen.budget import FilePool, PoolError, describe_pool
 from draftgen.config import ConfigError, RunConfig, load_config
+from draftgen.config.backends import BackendConfig
 from draftgen.errors import DraftgenError
 from draftgen.probe.options import ProbeOptions
 from draftgen.scale.launch import (

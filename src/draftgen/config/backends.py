@@ -1,12 +1,11 @@
 """The backend types: what every backend's config takes (`BackendConfigBase`), and the registry
 of types that run.yaml's `type` picks from.
 
-A backend type is one module of this package: its config model, a `BackendConfigBase` subclass
-with `type: Literal["NAME"]` and the keys only it takes, decorated with `@register`, beside the
-`Backend` class it makes (`backend_class`). The module's name in `BACKEND_MODULES`
-(`backends/__init__.py`) is its registration: the registry imports those modules when it is
-first asked for the types, so `draftgen.config` (below the backends) validates every type
-without importing one."""
+A backend type is one module of `draftgen.backends`: its config model, a `BackendConfigBase`
+subclass with `type: Literal["NAME"]` and the keys only it takes, decorated with `@register`,
+beside the `Backend` class it makes (`backend_class`). The module's name in `BACKEND_MODULES`
+is its registration: the registry imports those modules by name when it is first asked for the
+types, so the config (below the backends) validates every type without importing one."""
 
 from __future__ import annotations
 
@@ -30,8 +29,12 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema, ErrorDetails
 
-from draftgen.config_base import ConfigError, StrictModel, refuse_managed_keys
+from draftgen.config.base import ConfigError, StrictModel, refuse_managed_keys
 from draftgen.redact import keep_secret
+
+BACKEND_MODULES = ("openai_chat", "openrouter", "vllm", "sglang", "llamacpp")
+"""The modules of `draftgen.backends` that hold the backend types, in the order their types are
+listed (docs, errors): importing one registers its types (`backend_types` imports them all)."""
 
 _REGISTRY: dict[str, type[BackendConfigBase]] = {}
 
@@ -228,8 +231,6 @@ def register(model: type[_C]) -> type[_C]:
 def backend_types() -> dict[str, type[BackendConfigBase]]:
     """Each backend type's config model, by the `type` that picks it, in the order of their
     modules in `BACKEND_MODULES` (whichever was imported first)."""
-    from draftgen.backends import BACKEND_MODULES
-
     modules = [f"draftgen.backends.{name}" for name in BACKEND_MODULES]
     for module in modules:  # importing a backend's module registers its types
         importlib.import_module(module)

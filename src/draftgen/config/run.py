@@ -1,5 +1,5 @@
 """run.yaml, validated: the run-level models. Each backend type's model lives in its module
-(`backends/registry.py`: the types run.yaml's `type` picks). Secrets never live here: a backend
+(`config/backends.py`: the types run.yaml's `type` picks). Secrets never live here: a backend
 names the env var that holds its key."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from draftgen.assets import resolve_builtin
-from draftgen.backends.registry import BackendConfig, backend_error
-from draftgen.config_base import TOKENS_MAX, ConfigError, StrictModel, refuse_managed_keys
+from draftgen.config.backends import BackendConfig, backend_error
+from draftgen.config.base import TOKENS_MAX, ConfigError, StrictModel, refuse_managed_keys
 from draftgen.redact import REDACTED, redact_value
 
 RESERVED_FOLDERS = frozenset({"shards"})
