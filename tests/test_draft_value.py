@@ -15,7 +15,8 @@ import pytest
 
 from tests.vllm_engine import require_vllm
 
-pytestmark = pytest.mark.slow
+# two `vllm serve` starts (70-234 s each on a loaded 2-core machine) and training
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "draft_value.py"
 TTT_STEPS = 3
 

@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from tests.vllm_engine import require_vllm
 
-pytestmark = pytest.mark.slow
+# two `vllm serve` starts (70-234 s each on a loaded 2-core machine) and training
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_draft_vllm.py"
 LAYERS = 4
 """The draft's three layers and the last one, as vLLM writes them."""
