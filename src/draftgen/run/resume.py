@@ -32,15 +32,15 @@ from draftgen.store import RunLayout, Store, scan_dataset
 from draftgen.store.journal import OpenRequest, read_journal
 from draftgen.store.record import Record
 from draftgen.store.rescue import Rescued, read_rescued
-from draftgen.store.resume import (
+from draftgen.store.runinfo import data_settings, record_session
+from draftgen.store.runjson import changed_settings, read_run_info
+from draftgen.store.scan import (
     DatasetOnDisk,
     DoneIds,
     StoredElsewhere,
     done_elsewhere,
     read_elsewhere,
 )
-from draftgen.store.runinfo import data_settings, record_session
-from draftgen.store.runjson import changed_settings, read_run_info
 from draftgen.store.shards import run_folders
 
 log = logging.getLogger("draftgen")

@@ -53,7 +53,6 @@ from draftgen.scheduler import BackendSlots, NoBackendLeft
 from draftgen.stopping import Stopped
 from draftgen.store import RunLock, Store, StoreError
 from draftgen.store.rescue import write_rescue
-from draftgen.store.resume import StoredElsewhere
 from draftgen.store.runinfo import (
     end_session,
     record_datasets,
@@ -61,6 +60,7 @@ from draftgen.store.runinfo import (
     recover_run_json,
     start_session,
 )
+from draftgen.store.scan import StoredElsewhere
 from draftgen.store.shards import claim_run_folder
 from draftgen.store.space import SpaceGuard
 

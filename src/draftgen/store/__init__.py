@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from draftgen.store.appender import JsonlAppender, StoreError
     from draftgen.store.layout import RunLayout
     from draftgen.store.lock import RunLock, RunLocked, lock_holder
-    from draftgen.store.resume import DatasetOnDisk, scan_dataset
+    from draftgen.store.scan import DatasetOnDisk, scan_dataset
     from draftgen.store.store import Store
 
 # Imported on first use: the config imports `draftgen.store.layout` (light) for its folder
@@ -18,7 +18,7 @@ __getattr__ = lazy_exports(__name__, {
     "draftgen.store.appender": ("JsonlAppender", "StoreError"),
     "draftgen.store.layout": ("RunLayout",),
     "draftgen.store.lock": ("RunLock", "RunLocked", "lock_holder"),
-    "draftgen.store.resume": ("DatasetOnDisk", "scan_dataset"),
+    "draftgen.store.scan": ("DatasetOnDisk", "scan_dataset"),
     "draftgen.store.store": ("Store",),
 })
 

@@ -33,7 +33,7 @@ from draftgen.store.layout import RunLayout
 from draftgen.store.lock import RunLock, RunLocked, lock_holder
 from draftgen.store.prompt_refs import LineReader
 from draftgen.store.record import Record, RecordError, decode_line, encode_line, encode_record
-from draftgen.store.resume import cut_torn_tail
+from draftgen.store.scan import cut_torn_tail
 
 _COPY = 1 << 22
 

@@ -12,7 +12,7 @@ from draftgen.store.journal import OpenTracker
 from draftgen.store.layout import TORN, RunLayout
 from draftgen.store.prompt_refs import PromptRefs
 from draftgen.store.record import Record
-from draftgen.store.resume import cut_torn_tail
+from draftgen.store.scan import cut_torn_tail
 
 
 class Store:
