@@ -1,7 +1,8 @@
 """One run of `draftgen run`: `plan` (what it will send, rendered), `resume` (a session's start
 on its folder), `dispatch` (datasets in turn, admission, backend slots), `request` (one
-request's life), `record` (the answer as written), `state` (phase and outcome), `session` (the
-`Runner`: lock, start-up, signals, what the session leaves in run.json).
+request's life), `make_record` (an answer made the `Record` it is written as), `state` (phase
+and outcome), `session` (the `Runner`: lock, start-up, signals, what the session leaves in
+run.json).
 
 `pending` holds what the queues hold, `render` the prompts rendered within the context length,
 `trajectories` the conversations of `turns: all` datasets.
@@ -14,9 +15,9 @@ from typing import TYPE_CHECKING
 from draftgen.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from draftgen.run.make_record import make_record
     from draftgen.run.pending import Pending
     from draftgen.run.plan import DatasetPlan, Plan, prepare
-    from draftgen.run.record import make_record
     from draftgen.run.render import PromptTooLong, render_each, render_within
     from draftgen.run.resume import SettingsChanged
     from draftgen.run.session import Runner
@@ -26,7 +27,7 @@ __getattr__ = lazy_exports(__name__, {
     "draftgen.run.pending": ("Pending",),
     "draftgen.run.plan": ("DatasetPlan", "Plan", "prepare"),
     "draftgen.run.render": ("PromptTooLong", "render_each", "render_within"),
-    "draftgen.run.record": ("make_record",),
+    "draftgen.run.make_record": ("make_record",),
     "draftgen.run.resume": ("SettingsChanged",),
     "draftgen.run.session": ("Runner",),
     "draftgen.run.state": ("Outcome", "RunState"),

@@ -26,9 +26,9 @@ from draftgen.formats import FormatError
 from draftgen.formats.trajectory import TurnAnswer
 from draftgen.progress import DatasetCounters, RunCounters
 from draftgen.redact import redact
+from draftgen.run.make_record import make_record
 from draftgen.run.pending import Pending
 from draftgen.run.plan import Plan
-from draftgen.run.record import make_record
 from draftgen.run.state import RunState
 from draftgen.run.trajectories import Conversation
 from draftgen.scheduler import BackendSlots, send_with_retries

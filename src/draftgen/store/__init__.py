@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from draftgen.store.layout import RunLayout
     from draftgen.store.lock import RunLock, RunLocked, lock_holder
     from draftgen.store.scan import DatasetOnDisk, scan_dataset
-    from draftgen.store.store import Store
+    from draftgen.store.writer import Store
 
 # Imported on first use: the config imports `draftgen.store.layout` (light) for its folder
 # names, which must not import numpy with the rest of the store.
@@ -19,7 +19,7 @@ __getattr__ = lazy_exports(__name__, {
     "draftgen.store.layout": ("RunLayout",),
     "draftgen.store.lock": ("RunLock", "RunLocked", "lock_holder"),
     "draftgen.store.scan": ("DatasetOnDisk", "scan_dataset"),
-    "draftgen.store.store": ("Store",),
+    "draftgen.store.writer": ("Store",),
 })
 
 __all__ = [

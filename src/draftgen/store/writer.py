@@ -1,4 +1,5 @@
-"""The writer side of a run folder: one appender per dataset file, opened on first use."""
+"""The writer of a run folder (`Store`; its reader is `store.reader.Run`): one appender per
+dataset file, opened on first use."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""An answer as the run writes it: one `Record` (`store.record`), a line of responses.jsonl."""
+"""An answer made the `Record` the run writes (`store.record`: the type and its line), with
+the flags of what it was served by."""
 
 from __future__ import annotations
 
