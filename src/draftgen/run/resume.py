@@ -32,8 +32,8 @@ from draftgen.store import RunLayout, Store, scan_dataset
 from draftgen.store.journal import OpenRequest, read_journal
 from draftgen.store.record import Record
 from draftgen.store.rescue import Rescued, read_rescued
-from draftgen.store.runinfo import data_settings, record_session
 from draftgen.store.runjson import changed_settings, read_run_info
+from draftgen.store.runjson_writer import data_settings, record_session
 from draftgen.store.scan import (
     DatasetOnDisk,
     DoneIds,

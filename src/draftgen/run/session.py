@@ -53,7 +53,7 @@ from draftgen.scheduler import BackendSlots, NoBackendLeft
 from draftgen.stopping import Stopped
 from draftgen.store import RunLock, Store, StoreError
 from draftgen.store.rescue import write_rescue
-from draftgen.store.runinfo import (
+from draftgen.store.runjson_writer import (
     end_session,
     record_datasets,
     record_session,
