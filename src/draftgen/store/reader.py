@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.errors import DraftgenError
-from draftgen.store.entry import IndexEntry
 from draftgen.store.fast_index import (
     IndexColumns,
     index_entries,
     load_index_columns,
     torn_tail_bytes,
 )
+from draftgen.store.index_entry import IndexEntry
 from draftgen.store.journal import JournalTail, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
