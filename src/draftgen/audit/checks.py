@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from draftgen.provider_routing import routing_problems as routing_problems
+from draftgen.provider_routing import served_problems
 from draftgen.store.record import Record
-from draftgen.store.routing import routing_problems as routing_problems
-from draftgen.store.routing import served_problems
 
 CUT_OFF = frozenset({"length"})
 """finish_reason values of an answer cut off by max_tokens: it has no end-of-turn token."""

@@ -8,8 +8,8 @@ import time
 import msgspec
 
 from draftgen.backends import Backend
+from draftgen.provider_routing import routing_problems
 from draftgen.store.record import Record
-from draftgen.store.routing import routing_problems
 from draftgen.types import Prompt, RawAnswer, Rebuilt
 
 

@@ -38,6 +38,7 @@ from draftgen.probe import Gate, ProbeOptions, gate_backends
 from draftgen.probe.exchange import probe_requests
 from draftgen.progress import ProgressDisplay, RunCounters
 from draftgen.run.dispatch import Dispatcher
+from draftgen.run.free_space import SpaceGuard
 from draftgen.run.pending import Pending, turns_queued
 from draftgen.run.plan import Plan
 from draftgen.run.request import Requests
@@ -62,7 +63,6 @@ from draftgen.store.runjson_writer import (
 )
 from draftgen.store.scan import StoredElsewhere
 from draftgen.store.shards import claim_run_folder
-from draftgen.store.space import SpaceGuard
 
 log = logging.getLogger("draftgen")
 
