@@ -20,7 +20,7 @@ from draftgen.formats.trajectory import (
     trajectory_layout,
     turn_order_problems,
 )
-from draftgen.run.trajectories import written_turns
+from draftgen.run.turns import written_turns
 from draftgen.store.record import Record
 from draftgen.tokenize import Tokenizer
 from tests.trajectory_runs import read_lines, write_trajectory_run

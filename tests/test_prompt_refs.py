@@ -12,7 +12,7 @@ import msgspec
 import orjson
 import pytest
 
-from draftgen.run.trajectories import written_turns
+from draftgen.run.turns import written_turns
 from draftgen.store import RunLayout, Store
 from draftgen.store.appender import JsonlAppender
 from draftgen.store.index import read_index

@@ -56,7 +56,7 @@ TRAJECTORY_PROBLEMS: dict[str, str] = {
                         "{conversation}#{turn} (or that lacks conversation or turn)",
     "mask_not_sampled": "the trajectory's loss mask does not cover exactly the sampled tokens",
 }
-"""The findings about `turns: all` datasets as trajectories (`audit.trajectory`)."""
+"""The findings about `turns: all` datasets as trajectories (`audit.conversation_checks`)."""
 PROBLEMS.update(TRAJECTORY_PROBLEMS)
 
 REQUIRED = ("id", "input_ids", "output_ids", "finish_reason", "token_source", "token_check",

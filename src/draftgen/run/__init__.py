@@ -5,8 +5,8 @@ and outcome), `session` (the `Runner`: lock, start-up, signals, what the session
 run.json).
 
 `pending` holds what the queues hold, `render` the prompts rendered within the context length,
-`trajectories` the conversations of `turns: all` datasets, `free_space` the guard that stops
-sending before the output disk is full.
+`turns` the conversations of `turns: all` datasets walked turn by turn, `free_space` the guard
+that stops sending before the output disk is full.
 
 The names below are imported on first use, so that `draftgen.run.plan` (which `run --dry-run`
 needs) does not import the dispatcher and the backends."""

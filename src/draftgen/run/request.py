@@ -30,7 +30,7 @@ from draftgen.run.make_record import make_record
 from draftgen.run.pending import Pending
 from draftgen.run.plan import Plan
 from draftgen.run.state import RunState
-from draftgen.run.trajectories import Conversation
+from draftgen.run.turns import Conversation
 from draftgen.scheduler import BackendSlots, send_with_retries
 from draftgen.stopping import Stopped
 from draftgen.store import Store, StoreError

@@ -21,7 +21,7 @@ from draftgen.progress import DatasetCounters, RunCounters
 from draftgen.run.changed import changed_prompts, read_answered, reask
 from draftgen.run.pending import Pending
 from draftgen.run.plan import DatasetPlan, Plan, warn_bad_rows
-from draftgen.run.trajectories import (
+from draftgen.run.turns import (
     Formats,
     is_done,
     start_conversation,
