@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.audit.checks import PROBLEMS
-from draftgen.audit.conversation_checks import Finding, TrajectoryAudit, TurnLine
+from draftgen.audit.conversation_checks import Finding, TrajectoryAudit, TurnSpan
 from draftgen.audit.engine import BIT, ChunkResult
 
 EXAMPLES = 5
@@ -65,7 +65,7 @@ class DatasetAudit:
     """The run folder holding the file (a shard's folder in a sharded run)."""
     name: str = ""
     """The dataset (the report's key is the file's place: shards/0-of-4/<dataset> in a shard)."""
-    turns: list[TurnLine] = field(default_factory=list)
+    turns: list[TurnSpan] = field(default_factory=list)
     """A `turns: all` file's turns: where each one's line lies (`audit.conversation_checks`)."""
 
     def merge(self, other: DatasetAudit) -> None:
