@@ -1,5 +1,6 @@
-"""The run folder: append-only answer files, the lock, run.json, the resume scan, and reading a
-run back (`reader.Run`)."""
+"""The run folder, the only code that writes in it: the writer (`writer.Store`), the lock,
+run.json, the resume scan (`scan`), and reading a run back (`reader.Run`). docs/architecture.md
+lists its modules by role: the record, writing, the index, recovery, reading, where."""
 
 from typing import TYPE_CHECKING
 
