@@ -1,6 +1,6 @@
 """One run of `draftgen run`: `plan` (what it will send, rendered), `resume` (a session's start
 on its folder), `dispatch` (datasets in turn, admission, backend slots), `request` (one
-request's life), `make_record` (an answer made the `Record` it is written as), `state` (phase
+request's life), `answer_record` (an answer made the `Record` it is written as), `state` (phase
 and outcome), `session` (the `Runner`: lock, start-up, signals, what the session leaves in
 run.json).
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from draftgen.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from draftgen.run.make_record import make_record
+    from draftgen.run.answer_record import make_record
     from draftgen.run.pending import Pending
     from draftgen.run.plan import DatasetPlan, Plan, prepare
     from draftgen.run.render import PromptTooLong, render_each, render_within
@@ -28,7 +28,7 @@ __getattr__ = lazy_exports(__name__, {
     "draftgen.run.pending": ("Pending",),
     "draftgen.run.plan": ("DatasetPlan", "Plan", "prepare"),
     "draftgen.run.render": ("PromptTooLong", "render_each", "render_within"),
-    "draftgen.run.make_record": ("make_record",),
+    "draftgen.run.answer_record": ("make_record",),
     "draftgen.run.resume": ("SettingsChanged",),
     "draftgen.run.session": ("Runner",),
     "draftgen.run.state": ("Outcome", "RunState"),

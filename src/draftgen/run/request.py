@@ -26,7 +26,7 @@ from draftgen.formats import FormatError
 from draftgen.formats.trajectory import TurnAnswer
 from draftgen.progress import DatasetCounters, RunCounters
 from draftgen.redact import redact
-from draftgen.run.make_record import make_record
+from draftgen.run.answer_record import make_record
 from draftgen.run.pending import Pending
 from draftgen.run.plan import Plan
 from draftgen.run.state import RunState
