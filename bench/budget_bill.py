@@ -38,7 +38,7 @@ def _case(tmp: Path, name: str, args: argparse.Namespace, factor: float, probe: 
     from draftgen.probe import ProbeOptions
     from draftgen.run import Runner, prepare
     from draftgen.status import collect_status
-    from draftgen.store.runinfo import read_run_json
+    from draftgen.store.runjson_writer import read_run_json
     from draftgen.testing.fake_engine import TestServer
 
     folder = tmp / name

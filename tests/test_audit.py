@@ -361,7 +361,7 @@ def test_quarantine_interrupted_before_the_rename_loses_nothing(
     def killed(*_: Any) -> None:
         raise KeyboardInterrupt("killed before the rename")
 
-    monkeypatch.setattr("draftgen.store.quarantine.os.replace", killed)
+    monkeypatch.setattr("draftgen.store.quarantine_move.os.replace", killed)
     with pytest.raises(KeyboardInterrupt):
         quarantine(report)
     monkeypatch.undo()

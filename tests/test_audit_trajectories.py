@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from draftgen.audit import trajectory as audit_trajectory
+from draftgen.audit import conversation_checks
 from draftgen.audit.quarantine import quarantine
 from draftgen.audit.run import audit_run
 from draftgen.formats.trajectory import (
@@ -20,7 +20,7 @@ from draftgen.formats.trajectory import (
     trajectory_layout,
     turn_order_problems,
 )
-from draftgen.run.trajectories import written_turns
+from draftgen.run.turns import written_turns
 from draftgen.store.record import Record
 from draftgen.tokenize import Tokenizer
 from tests.trajectory_runs import read_lines, write_trajectory_run
@@ -104,7 +104,7 @@ def test_a_mask_off_by_one_is_found(tmp_path: Path, qwen3_tok: Tokenizer,
                 for s in layout.sequences]
         return TrajectoryLayout(layout.kind, seqs, layout.breaks)
 
-    monkeypatch.setattr(audit_trajectory, "trajectory_layout", shifted)
+    monkeypatch.setattr(conversation_checks, "trajectory_layout", shifted)
     report = _audit(root)
     assert set(_failed(report)) == {"mask_not_sampled"}
     assert report["checks"]["mask_not_sampled"]["failed"] == 9  # every turn of every one
@@ -135,11 +135,11 @@ def test_a_file_is_read_in_blocks_whatever_their_size(tmp_path: Path, qwen3_tok:
                                                       ) -> None:
     root = write_trajectory_run(tmp_path / "run", qwen3_tok)
     path = root / "agent" / "responses.jsonl"
-    f = audit_trajectory.TrajectoryFile("agent", "agent", str(path), path.stat().st_size)
-    whole = list(audit_trajectory._file_lines(f))
+    f = conversation_checks.TrajectoryFile("agent", "agent", str(path), path.stat().st_size)
+    whole = list(conversation_checks._file_lines(f))
     assert len(whole) == 9 and whole[-1][1] == path.stat().st_size
     for block in (7, 1000, 4096):  # smaller than a line, and several lines a block
-        assert list(audit_trajectory._file_lines(f, block)) == whole
+        assert list(conversation_checks._file_lines(f, block)) == whole
 
 
 def _claims_exact_from_text(conversation: str, turn: int):

@@ -2,7 +2,7 @@
 
 The run folder is built the way `draftgen run` writes one: records from `runner.make_record`
 over the real Qwen3 tokenizer and format, appended through `store.Store`, and a run.json from
-`store.runinfo`.
+`store.runjson_writer`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from draftgen.export import (
 from draftgen.formats import get_format
 from draftgen.run import make_record
 from draftgen.store import Store
-from draftgen.store.runinfo import end_session, start_session
+from draftgen.store.runjson_writer import end_session, start_session
 from draftgen.tokenize import Tokenizer
 from draftgen.types import Prompt, RawAnswer, Usage
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from draftgen.cli import app
 from draftgen.export import ExportError, ExportFormat, ExportOptions, export_run
-from draftgen.export import trajectories as export_trajectories
+from draftgen.export import branches as export_branches
 from draftgen.formats.trajectory import MaskedSequence, TrajectoryLayout, trajectory_layout
 from draftgen.store.record import Record
 from draftgen.tokenize import Tokenizer
@@ -190,7 +190,7 @@ def test_a_mask_off_by_one_is_refused(run: Path, tmp_path: Path,
             MaskedSequence(s.input_ids, [0, *s.loss_mask[:-1]], s.turns)
             for s in layout.sequences], layout.breaks)
 
-    monkeypatch.setattr(export_trajectories, "trajectory_layout", shifted)
+    monkeypatch.setattr(export_branches, "trajectory_layout", shifted)
     with pytest.raises(ExportError, match="does not cover exactly the sampled tokens"):
         _export(run, tmp_path / "out")
 

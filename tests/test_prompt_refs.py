@@ -12,12 +12,12 @@ import msgspec
 import orjson
 import pytest
 
-from draftgen.run.trajectories import written_turns
+from draftgen.run.turns import written_turns
 from draftgen.store import RunLayout, Store
 from draftgen.store.appender import JsonlAppender
 from draftgen.store.index import read_index
 from draftgen.store.prompt_refs import LineReader
-from draftgen.store.quarantine import MovedLine, move_lines
+from draftgen.store.quarantine_move import MovedLine, move_lines
 from draftgen.store.record import Damaged, Record, encode_record, record_as_dict
 
 DATASET = "agent"

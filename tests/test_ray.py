@@ -15,7 +15,7 @@ import pytest
 from draftgen.budget import USD, FilePool
 from draftgen.probe import ProbeOptions
 from draftgen.store.lock import lock_holder
-from draftgen.store.runinfo import read_probe
+from draftgen.store.runjson_writer import read_probe
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import wait_for_lines
 from tests.shard_helpers import (

@@ -20,7 +20,7 @@ from draftgen.store import RunLayout, Store, scan_dataset
 from draftgen.store.columns import ROW, read_rows
 from draftgen.store.fast_index import load_index_columns
 from draftgen.store.index import in_step
-from draftgen.store.resume import DatasetOnDisk
+from draftgen.store.scan import DatasetOnDisk
 
 TORN_RECORD = b'{"id": "ds/torn", "dataset": "ds", "output_ids": [1, 2'
 

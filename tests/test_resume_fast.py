@@ -1,4 +1,4 @@
-"""Resume from the binary index (draftgen.store.resume) and shards in the runner: the done set
+"""Resume from the binary index (draftgen.store.scan) and shards in the runner: the done set
 read from the columns equals the JSON path's, a kill's leftovers are still repaired, shards
 split a dataset exactly, and answers in sibling run folders count as done."""
 
@@ -15,7 +15,7 @@ from draftgen.config import load_config
 from draftgen.run import Plan, Runner, prepare
 from draftgen.store import RunLayout, Store, scan_dataset
 from draftgen.store.columns import read_rows
-from draftgen.store.resume import DatasetOnDisk
+from draftgen.store.scan import DatasetOnDisk
 from draftgen.store.shards import ShardSpec
 from tests.e2e_helpers import fast_backend, mixed_rows, write_config, write_jsonl
 

@@ -25,7 +25,7 @@ from draftgen.config import RunConfig, load_config
 from draftgen.datasets.conversations import iter_conversations
 from draftgen.formats import get_format
 from draftgen.run import Runner, prepare
-from draftgen.run.trajectories import Formats, start_conversation
+from draftgen.run.turns import Formats, start_conversation
 from draftgen.status import collect_status
 from draftgen.store.journal import read_journal
 from draftgen.store.shards import ShardSpec, run_folders

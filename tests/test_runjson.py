@@ -12,8 +12,8 @@ from draftgen.audit.run import format_spec
 from draftgen.errors import DraftgenError
 from draftgen.status.collect import collect_status
 from draftgen.store.reader import Run
-from draftgen.store.runinfo import read_run_json, recover_run_json
 from draftgen.store.runjson import run_model
+from draftgen.store.runjson_writer import read_run_json, recover_run_json
 
 SHA = "ab" * 32
 

@@ -1,4 +1,4 @@
-"""The settings that define a run's data (store.runinfo, store.runjson): what counts, how a
+"""The settings that define a run's data (store.runjson_writer, store.runjson): what counts, how a
 change is named, and run.json files written before sessions recorded them."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from draftgen.store.runinfo import data_settings, session_settings, start_session
 from draftgen.store.runjson import changed_settings
+from draftgen.store.runjson_writer import data_settings, session_settings, start_session
 
 TOKENIZER = {"path": "/models/a/tokenizer.json", "sha256": "ab" * 32}
 

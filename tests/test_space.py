@@ -1,11 +1,11 @@
-"""The free-space guard (`store.space`): a run sends nothing while the output disk holds less
+"""The free-space guard (`run.free_space`): a run sends nothing while the output disk holds less
 than `min_free_mb`. (Filling a real disk mid-run: tests/reliability/test_disk.py, as root.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from draftgen.store.space import SpaceGuard
+from draftgen.run.free_space import SpaceGuard
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_records, run_config, write_config
 from tests.reliability.helpers import prompt_rows, write_jsonl

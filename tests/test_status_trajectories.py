@@ -11,7 +11,7 @@ import orjson
 from typer.testing import CliRunner
 
 from draftgen.cli import app
-from draftgen.status import trajectories as status_trajectories
+from draftgen.status import conversation_counts
 from draftgen.status.collect import collect_status
 from draftgen.store import RunLayout
 from draftgen.store.record import Record
@@ -77,7 +77,7 @@ def test_the_fields_are_read_from_the_index_entries(tmp_path: Path, qwen3_tok: T
     entries = [orjson.loads(x) for x in RunLayout(root).index(DATASET).read_bytes().splitlines()]
     assert {(e["conversation"], e["turn"], e["end_reason"]) for e in entries} >= {
         ("agent/chat", 2, "last_turn"), ("agent/pending", 0, None)}
-    monkeypatch.setattr(status_trajectories, "read_turns", _no_record_read)
+    monkeypatch.setattr(conversation_counts, "read_turns", _no_record_read)
     t = _status(root)["datasets"]["agent"]["trajectories"]
     assert (t["conversations"], t["done"], t["in_flight"], t["turns_written"]) == (4, 3, 1, 9)
 
@@ -94,7 +94,7 @@ def test_a_line_whose_tail_lacks_the_fields_is_read_whole(tmp_path: Path, qwen3_
     _as_an_older_index(root)
     t = _status(root)["datasets"]["agent"]["trajectories"]
     assert (t["conversations"], t["done"], t["ends"]["last_turn"]) == (5, 4, 3)
-    monkeypatch.setattr(status_trajectories, "_line_fields", lambda line: None)
+    monkeypatch.setattr(conversation_counts, "_line_fields", lambda line: None)
     t = _status(root)["datasets"]["agent"]["trajectories"]
     assert t["conversations"] == 4  # without the whole-line read, the long one is missed
 

@@ -131,7 +131,7 @@ def test_lock_refuses_a_second_run_and_a_dead_holder_is_taken_over(tmp_path: Pat
 def test_a_damaged_run_json_is_set_aside_never_replaced(tmp_path: Path) -> None:
     """Damaged twice in one second: both damaged files kept; the session count goes on from
     the journal's last session."""
-    from draftgen.store.runinfo import RunJsonDamaged, read_run_json, start_session
+    from draftgen.store.runjson_writer import RunJsonDamaged, read_run_json, start_session
 
     path = tmp_path / "run.json"
     (tmp_path / "journal.jsonl").write_bytes(b'{"ev":"sent","id":"a","session":2}\n')

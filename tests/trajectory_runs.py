@@ -27,7 +27,7 @@ from draftgen.formats.trajectory import TurnAnswer, end_after, turn_prompt
 from draftgen.run import make_record
 from draftgen.store import Store
 from draftgen.store.record import Record
-from draftgen.store.runinfo import end_session, start_session
+from draftgen.store.runjson_writer import end_session, start_session
 from draftgen.tokenize import Tokenizer
 from draftgen.types import Message, Prompt, RawAnswer, Usage
 from tests.e2e_helpers import records_in

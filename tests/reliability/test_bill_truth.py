@@ -15,7 +15,7 @@ from draftgen.config import ConfigError, load_config
 from draftgen.probe import ProbeOptions
 from draftgen.run import Runner, prepare
 from draftgen.status import collect_status
-from draftgen.store.runinfo import read_run_json
+from draftgen.store.runjson_writer import read_run_json
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, read_records, run_config, write_config
 from tests.reliability.helpers import prompt_rows, write_jsonl

@@ -25,7 +25,7 @@ from draftgen.export.options import ExportError, ExportFormat, ExportOptions
 from draftgen.formats import get_format
 from draftgen.formats.base import FormatError
 from draftgen.formats.chat_template import ChatTemplate, RenderLimits, TemplateDidNotFinish
-from draftgen.run.trajectories import Formats, start_conversation
+from draftgen.run.turns import Formats, start_conversation
 from draftgen.store.record import Record, read_record
 from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer

@@ -11,7 +11,7 @@ import pytest
 from draftgen.formats import get_format
 from draftgen.run import PromptTooLong, render_within
 from draftgen.store import Store, StoreError
-from draftgen.store.runinfo import write_atomic
+from draftgen.store.runjson_writer import write_atomic
 from draftgen.tokenize import Tokenizer
 from draftgen.types import Prompt
 

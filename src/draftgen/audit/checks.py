@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from draftgen.provider_routing import routing_problems as routing_problems
+from draftgen.provider_routing import served_problems
 from draftgen.store.record import Record
-from draftgen.store.routing import routing_problems as routing_problems
-from draftgen.store.routing import served_problems
 
 CUT_OFF = frozenset({"length"})
 """finish_reason values of an answer cut off by max_tokens: it has no end-of-turn token."""
@@ -56,7 +56,7 @@ TRAJECTORY_PROBLEMS: dict[str, str] = {
                         "{conversation}#{turn} (or that lacks conversation or turn)",
     "mask_not_sampled": "the trajectory's loss mask does not cover exactly the sampled tokens",
 }
-"""The findings about `turns: all` datasets as trajectories (`audit.trajectory`)."""
+"""The findings about `turns: all` datasets as trajectories (`audit.conversation_checks`)."""
 PROBLEMS.update(TRAJECTORY_PROBLEMS)
 
 REQUIRED = ("id", "input_ids", "output_ids", "finish_reason", "token_source", "token_check",

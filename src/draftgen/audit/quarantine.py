@@ -2,7 +2,7 @@
 `responses.jsonl` into `quarantine.jsonl` beside it, so that the next `draftgen run` (which
 counts as done only what responses.jsonl holds) generates them again.
 
-The audit decides which lines fail; the store moves them (`store.quarantine`, crash-safe: no
+The audit decides which lines fail; the store moves them (`store.quarantine_move`, crash-safe: no
 answer is lost whatever moment a kill lands at). Refused while a run is live on the folder; the
 run's lock is held throughout. In a sharded run each folder's files are moved within that
 folder, under that folder's lock.
@@ -16,7 +16,7 @@ import numpy as np
 
 from draftgen.audit.engine import problems_of
 from draftgen.audit.report import AuditReport, DatasetAudit
-from draftgen.store.quarantine import (
+from draftgen.store.quarantine_move import (
     MovedLine,
     QuarantineError,
     check_unchanged,

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.audit.checks import PROBLEMS
+from draftgen.audit.conversation_checks import Finding, TrajectoryAudit, TurnSpan
 from draftgen.audit.engine import BIT, ChunkResult
-from draftgen.audit.trajectory import Finding, TrajectoryAudit, TurnLine
 
 EXAMPLES = 5
 
@@ -65,8 +65,8 @@ class DatasetAudit:
     """The run folder holding the file (a shard's folder in a sharded run)."""
     name: str = ""
     """The dataset (the report's key is the file's place: shards/0-of-4/<dataset> in a shard)."""
-    turns: list[TurnLine] = field(default_factory=list)
-    """A `turns: all` file's turns: where each one's line lies (`audit.trajectory`)."""
+    turns: list[TurnSpan] = field(default_factory=list)
+    """A `turns: all` file's turns: where each one's line lies (`audit.conversation_checks`)."""
 
     def merge(self, other: DatasetAudit) -> None:
         """Count another file of the same dataset (another folder of a sharded run) in; the
@@ -91,7 +91,7 @@ class AuditReport:
     seconds: float = 0.0
     workers: int = 1
     trajectories: dict[str, TrajectoryAudit] = field(default_factory=dict)
-    """Per `turns: all` dataset: its conversations as trajectories (`audit.trajectory`)."""
+    """Per `turns: all` dataset: its conversations as trajectories (`audit.conversation_checks`)."""
     unchecked: int = 0
     """Answers counted but not checked: their session's tokenizer or format cannot be had."""
 

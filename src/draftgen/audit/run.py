@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from draftgen.assets import resolve_builtin
+from draftgen.audit.conversation_checks import TrajectoryFile, audit_trajectories
 from draftgen.audit.engine import (
     UNJUDGED,
     Auditor,
@@ -37,7 +38,6 @@ from draftgen.audit.engine import (
 )
 from draftgen.audit.engine import run_chunk as _run_chunk
 from draftgen.audit.report import AuditReport, DatasetAudit
-from draftgen.audit.trajectory import TrajectoryFile, audit_trajectories
 from draftgen.errors import DraftgenError
 from draftgen.formats import FormatError
 from draftgen.store.reader import Run, RunFolder, RunOpenError, Snapshot

@@ -26,7 +26,7 @@ from draftgen.budget.pool import (
     tokens_key,
 )
 from draftgen.config import RunConfig
-from draftgen.store.resume import StoredElsewhere
+from draftgen.store.scan import StoredElsewhere
 from draftgen.store.shards import ShardSpec
 
 log = logging.getLogger("draftgen")

@@ -48,7 +48,7 @@ import pydantic
 
 from draftgen.config import RunConfig
 from draftgen.store.pool_file import PoolError, PoolFile
-from draftgen.store.resume import StoredElsewhere
+from draftgen.store.scan import StoredElsewhere
 from draftgen.store.shards import shard_of_folder
 
 log = logging.getLogger("draftgen")

@@ -12,7 +12,7 @@ from draftgen.budget.lease import ShardLease
 from draftgen.budget.ledger import Admission, Ledger
 from draftgen.budget.pool import USD, BudgetPool, run_totals, spend_of, tokens_key
 from draftgen.config import RunConfig
-from draftgen.store.resume import StoredElsewhere
+from draftgen.store.scan import StoredElsewhere
 from draftgen.store.shards import ShardSpec
 
 log = logging.getLogger("draftgen")

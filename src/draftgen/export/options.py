@@ -66,7 +66,7 @@ class ExportOptions:
     seed: int = 0
     turn_dropout: float = 0.0
     """`turns: all` datasets: the probability that a conversation is cut after a seeded random
-    number of turns (`export.trajectories.dropout_turns`)."""
+    number of turns (`export.branches.dropout_turns`)."""
     shuffle: bool = True
     val_fraction: float = 0.0
     jsonl: bool = False

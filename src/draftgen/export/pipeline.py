@@ -36,6 +36,16 @@ from typing import IO, Any
 
 import orjson
 
+from draftgen.export.branches import (
+    AFTER_EXCLUDED,
+    TURN_DROPOUT,
+    Branch,
+    branches,
+    dropout_turns,
+    group,
+    kept_turns,
+    order_problem,
+)
 from draftgen.export.checks import BrokenRow
 from draftgen.export.options import ExportError, ExportFormat, ExportOptions
 from draftgen.export.rows import TrainRow, build_row, sampling
@@ -48,16 +58,6 @@ from draftgen.export.source import (
     SourceError,
     load_run_tokenizer,
     open_run,
-)
-from draftgen.export.trajectories import (
-    AFTER_EXCLUDED,
-    TURN_DROPOUT,
-    Branch,
-    branches,
-    dropout_turns,
-    group,
-    kept_turns,
-    order_problem,
 )
 from draftgen.export.writers import (
     ParquetSink,
@@ -333,7 +333,7 @@ def _cap_thresholds(source: RunSource, datasets: list[str], selector: Selector,
 def _trajectory_rows(source: RunSource, dataset: str, selector: Selector,
                      tally: DatasetTally | None = None) -> Iterator[tuple[Record, Branch]]:
     """A `turns: all` dataset's rows: each conversation's turns up to the first excluded one,
-    cut by --turn-dropout, one row per sequence of its layout (`export.trajectories`)."""
+    cut by --turn-dropout, one row per sequence of its layout (`export.branches`)."""
     opts = selector.opts
     counted = tally if tally is not None else DatasetTally()
 

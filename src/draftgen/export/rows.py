@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
+from draftgen.export.branches import Branch
 from draftgen.export.checks import BrokenRow, mask_problem
-from draftgen.export.trajectories import Branch
 from draftgen.store.record import Record
 
 

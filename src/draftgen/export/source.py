@@ -282,8 +282,8 @@ def load_run_tokenizer(source: RunSource, override: Path | None = None, *,
                        decodes: bool = True) -> RunTokenizer:
     """The tokenizer the run's answers were made with (`override` instead, where given) and the
     run's format, best effort: each tokenizer hash the answering sessions recorded, loaded from
-    the run folder's copy (`store.runinfo.keep_tokenizer`) or from where it was while its file
-    there still has that hash. SourceError where sessions used different tokenizers and the
+    the run folder's copy (`store.runjson_writer.keep_tokenizer`) or from where it was while its
+    file there still has that hash. SourceError where sessions used different tokenizers and the
     export `decodes` IDs (text, SpecForge), or checks stop tokens that differ between them:
     one tokenizer for all would misread some answers."""
     if override is not None:

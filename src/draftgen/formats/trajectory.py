@@ -22,6 +22,10 @@ Three pieces the run calls, turn by turn:
   `input_ids` + `loss_mask`, the mask 1 on exactly the sampled tokens; where it does not
   (reasoning dropped from history, a tool call re-rendered), a new branch starts, as
   speculators' trajectories do (one record per root-to-leaf branch).
+
+Who uses them: the run walks each conversation (`run.turns`), the audit checks each one whole
+(`audit.conversation_checks`), status counts them (`status.conversation_counts`), the export
+writes one row per branch (`export.branches`).
 """
 
 from __future__ import annotations

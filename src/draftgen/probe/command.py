@@ -17,7 +17,7 @@ from draftgen.formats import Format, get_format
 from draftgen.probe.core import ProbeOptions, probe_all
 from draftgen.probe.model import BackendProbe
 from draftgen.store import RunLayout, RunLock, RunLocked
-from draftgen.store.runinfo import record_probe
+from draftgen.store.runjson_writer import record_probe
 from draftgen.tokenize import load_tokenizer, self_check
 
 log = logging.getLogger("draftgen.probe")

@@ -23,7 +23,7 @@ from draftgen.formats import Format
 from draftgen.printable import printable
 from draftgen.probe.core import ProbeOptions, probe_all
 from draftgen.probe.model import BackendProbe, Problem
-from draftgen.store.runinfo import read_probe, record_probe
+from draftgen.store.runjson_writer import read_probe, record_probe
 
 log = logging.getLogger("draftgen.probe")
 

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from draftgen.export.source import ReadCounts, RunSource, SourceSession, load_run_tokenizer
-from draftgen.status.trajectories import TrajectoryStatus, Turn, trajectory_status
+from draftgen.status.conversation_counts import TrajectoryStatus, Turn, trajectory_status
 from draftgen.store.record import Damaged, Record
 from draftgen.store.runjson import RunInfo
 from draftgen.tally import Tally

@@ -1,6 +1,6 @@
 """Answered prompts whose dataset row changed under the same ID since they were answered (a row
 edited between sessions): a resume counts them, records the count in run.json and, with
-`draftgen run --reask-changed`, moves their answers to quarantine.jsonl (`store.quarantine`,
+`draftgen run --reask-changed`, moves their answers to quarantine.jsonl (`store.quarantine_move`,
 never deleted) so that they are asked again with the row as it is now.
 
 Each answer keeps the messages and tools it was asked with; their `content_digest` is compared
@@ -19,7 +19,7 @@ import msgspec
 from draftgen.datasets import PromptTable
 from draftgen.datasets.ids import content_digest
 from draftgen.store import RunLayout
-from draftgen.store.quarantine import MovedLine, move_lines
+from draftgen.store.quarantine_move import MovedLine, move_lines
 
 log = logging.getLogger("draftgen")
 

@@ -16,6 +16,7 @@ from draftgen.budget import POLL_S, USD, Admission, Budget, tokens_key
 from draftgen.datasets import DatasetError
 from draftgen.formats import FormatError
 from draftgen.progress import RunCounters
+from draftgen.run.free_space import SpaceGuard
 from draftgen.run.pending import Pending, render_turns, turns_queued
 from draftgen.run.plan import Plan
 from draftgen.run.render import PromptTooLong, render_within
@@ -24,7 +25,6 @@ from draftgen.run.resume import Queues
 from draftgen.run.state import RunState
 from draftgen.scheduler import BackendSlots, NoBackendFits, NoBackendLeft, needs_of
 from draftgen.stopping import Stopped
-from draftgen.store.space import SpaceGuard
 from draftgen.types import Prompt
 
 log = logging.getLogger("draftgen")
@@ -130,7 +130,7 @@ class Dispatcher:
             task.cancel()
 
     def out_of_space(self) -> bool:
-        """The output disk is nearly full (`store.space`): stop sending, as after a write
+        """The output disk is nearly full (`run.free_space`): stop sending, as after a write
         failure; what is in flight is still written."""
         shortage = self.space.shortage()
         if shortage is None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from draftgen.formats import FormatError
 from draftgen.run.render import render_within
-from draftgen.run.trajectories import Conversation
+from draftgen.run.turns import Conversation
 from draftgen.types import Prompt
 
 

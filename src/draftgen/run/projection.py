@@ -26,7 +26,7 @@ from draftgen.config.backends import Price
 from draftgen.progress import duration_text
 from draftgen.store import RunLayout
 from draftgen.store.fast_index import load_index_columns
-from draftgen.store.runinfo import read_probe
+from draftgen.store.runjson_writer import read_probe
 
 if TYPE_CHECKING:
     from rich.console import Console

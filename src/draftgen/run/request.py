@@ -26,11 +26,11 @@ from draftgen.formats import FormatError
 from draftgen.formats.trajectory import TurnAnswer
 from draftgen.progress import DatasetCounters, RunCounters
 from draftgen.redact import redact
+from draftgen.run.answer_record import make_record
 from draftgen.run.pending import Pending
 from draftgen.run.plan import Plan
-from draftgen.run.record import make_record
 from draftgen.run.state import RunState
-from draftgen.run.trajectories import Conversation
+from draftgen.run.turns import Conversation
 from draftgen.scheduler import BackendSlots, send_with_retries
 from draftgen.stopping import Stopped
 from draftgen.store import Store, StoreError

@@ -21,7 +21,7 @@ from draftgen.progress import DatasetCounters, RunCounters
 from draftgen.run.changed import changed_prompts, read_answered, reask
 from draftgen.run.pending import Pending
 from draftgen.run.plan import DatasetPlan, Plan, warn_bad_rows
-from draftgen.run.trajectories import (
+from draftgen.run.turns import (
     Formats,
     is_done,
     start_conversation,
@@ -32,15 +32,15 @@ from draftgen.store import RunLayout, Store, scan_dataset
 from draftgen.store.journal import OpenRequest, read_journal
 from draftgen.store.record import Record
 from draftgen.store.rescue import Rescued, read_rescued
-from draftgen.store.resume import (
+from draftgen.store.runjson import changed_settings, read_run_info
+from draftgen.store.runjson_writer import data_settings, record_session
+from draftgen.store.scan import (
     DatasetOnDisk,
     DoneIds,
     StoredElsewhere,
     done_elsewhere,
     read_elsewhere,
 )
-from draftgen.store.runinfo import data_settings, record_session
-from draftgen.store.runjson import changed_settings, read_run_info
 from draftgen.store.shards import run_folders
 
 log = logging.getLogger("draftgen")

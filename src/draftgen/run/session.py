@@ -38,6 +38,7 @@ from draftgen.probe import Gate, ProbeOptions, gate_backends
 from draftgen.probe.exchange import probe_requests
 from draftgen.progress import ProgressDisplay, RunCounters
 from draftgen.run.dispatch import Dispatcher
+from draftgen.run.free_space import SpaceGuard
 from draftgen.run.pending import Pending, turns_queued
 from draftgen.run.plan import Plan
 from draftgen.run.request import Requests
@@ -53,16 +54,15 @@ from draftgen.scheduler import BackendSlots, NoBackendLeft
 from draftgen.stopping import Stopped
 from draftgen.store import RunLock, Store, StoreError
 from draftgen.store.rescue import write_rescue
-from draftgen.store.resume import StoredElsewhere
-from draftgen.store.runinfo import (
+from draftgen.store.runjson_writer import (
     end_session,
     record_datasets,
     record_session,
     recover_run_json,
     start_session,
 )
+from draftgen.store.scan import StoredElsewhere
 from draftgen.store.shards import claim_run_folder
-from draftgen.store.space import SpaceGuard
 
 log = logging.getLogger("draftgen")
 

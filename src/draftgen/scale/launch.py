@@ -21,7 +21,7 @@ from draftgen.probe.options import ProbeOptions
 from draftgen.redact import RedactingFilter
 from draftgen.run import Outcome, Runner, prepare
 from draftgen.status import StatusError, collect_status, summary_line
-from draftgen.store.runinfo import read_probe
+from draftgen.store.runjson_writer import read_probe
 from draftgen.store.shards import ShardSpec
 
 POLL_S = 0.2

@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from draftgen.status.clock import Activity, RateClock
-from draftgen.status.model import DatasetStatus, RunStatus, latest
-from draftgen.status.notes import run_notes
-from draftgen.status.sums import Columns, contains, read_answers, read_failures
-from draftgen.status.trajectories import (
+from draftgen.status.conversation_counts import (
     count_in_flight,
     count_stopped_by_budget,
     index_turns,
     trajectory_status,
 )
+from draftgen.status.model import DatasetStatus, RunStatus, latest
+from draftgen.status.notes import run_notes
+from draftgen.status.sums import Columns, contains, read_answers, read_failures
 from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash
 from draftgen.store.journal import JournalTail

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.errors import DraftgenError
-from draftgen.status.trajectories import TrajectoryStatus
+from draftgen.status.conversation_counts import TrajectoryStatus
 from draftgen.store.journal import JournalTail
 from draftgen.store.shards import RunPart
 from draftgen.tally import Tally
@@ -68,7 +68,7 @@ class DatasetStatus:
     recent: Rates | None = None
     overall: Rates | None = None
     trajectories: TrajectoryStatus | None = None
-    """`turns: all` datasets: their conversations (`status.trajectories`)."""
+    """`turns: all` datasets: their conversations (`status.conversation_counts`)."""
 
     @property
     def failed(self) -> int:

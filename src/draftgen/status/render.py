@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 
 from draftgen.status.collect import collect_status
+from draftgen.status.conversation_counts import TrajectoryStatus
 from draftgen.status.model import WINDOW_S, Rates, RunStatus, ShardStatus, StatusError
-from draftgen.status.trajectories import TrajectoryStatus
 from draftgen.tally import Tally
 
 

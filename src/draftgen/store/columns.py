@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draftgen.store.entry import IndexEntry
+from draftgen.store.index_entry import IndexEntry
 
 ROW = np.dtype([
     ("end", "<i8"), ("iend", "<i8"), ("idh", "<u8"), ("t", "<f8"), ("cost", "<f8"),

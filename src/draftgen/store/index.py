@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 
 from draftgen.store.columns import ROW, id_hash, read_rows, sync_columns
-from draftgen.store.entry import IndexEntry, entry_for
+from draftgen.store.index_entry import IndexEntry, entry_for
 from draftgen.store.layout import COLUMNS
 
 log = logging.getLogger("draftgen.store")

@@ -19,8 +19,8 @@ Anything else is written whole, as before. The reader (`LineReader`) expands a `
 the whole `Record` from the line it names (read at its offset, itself expanded the same way),
 keeping the last expanded turn of each conversation so that reading a file in order reads each
 line once. A reference that names no such line (a file edited by hand) makes the line a
-`Damaged` record naming it. Rewriting a file (`store.quarantine`) re-points or expands the lines
-that name moved lines.
+`Damaged` record naming it. Rewriting a file (`store.quarantine_move`) re-points or expands the
+lines that name moved lines.
 """
 
 from __future__ import annotations

@@ -17,19 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.errors import DraftgenError
-from draftgen.store.entry import IndexEntry
 from draftgen.store.fast_index import (
     IndexColumns,
     index_entries,
     load_index_columns,
     torn_tail_bytes,
 )
+from draftgen.store.index_entry import IndexEntry
 from draftgen.store.journal import JournalTail, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
 from draftgen.store.rescue import Rescued, count_rescued, read_rescued
-from draftgen.store.resume import spend_in
 from draftgen.store.runjson import RunInfo, RunJsonDamaged, Session, read_run_info
+from draftgen.store.scan import spend_in
 from draftgen.store.shards import RunPart, holds_run, is_sharded, run_parts
 
 

@@ -1,12 +1,12 @@
 """`RunInfo`: run.json as the readers (status, audit, export, report) and the run's own checks
 read it, decoded once (`read_run_info`; `store.reader.Run.open` holds one per folder).
 
-`store.runinfo` writes the file (a dict, key by key, so that a newer version's keys survive an
-older writer); this is its type. Every field has a default and unknown keys are ignored, so that
-a run.json written by any earlier version still reads (the first ones had no settings, dataset
-totals, probe or unsettled bills); a field of the wrong type makes the whole file damaged
-(`RunJsonDamaged`, naming the file and the field), the same for the writer, which sets it aside
-and rebuilds it, as for the readers, which say so.
+`store.runjson_writer` writes the file (a dict, key by key, so that a newer version's keys
+survive an older writer); this is its type. Every field has a default and unknown keys are
+ignored, so that a run.json written by any earlier version still reads (the first ones had no
+settings, dataset totals, probe or unsettled bills); a field of the wrong type makes the whole
+file damaged (`RunJsonDamaged`, naming the file and the field), the same for the writer, which
+sets it aside and rebuilds it, as for the readers, which say so.
 
 Free-form parts stay dicts: a backend's probe result (`probe.model.BackendProbe` reads it), the
 sampling and format options a run was given, a session's flat `settings`.

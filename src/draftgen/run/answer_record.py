@@ -1,4 +1,5 @@
-"""An answer as the run writes it: one `Record` (`store.record`), a line of responses.jsonl."""
+"""An answer made the `Record` the run writes (`store.record`: the type and its line), with
+the flags of what it was served by."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import time
 import msgspec
 
 from draftgen.backends import Backend
+from draftgen.provider_routing import routing_problems
 from draftgen.store.record import Record
-from draftgen.store.routing import routing_problems
 from draftgen.types import Prompt, RawAnswer, Rebuilt
 
 

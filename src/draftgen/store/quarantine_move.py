@@ -27,13 +27,13 @@ import orjson
 
 from draftgen.errors import DraftgenError
 from draftgen.store.appender import StoreError
-from draftgen.store.entry import IndexEntry
 from draftgen.store.index import read_index, rewrite_index
+from draftgen.store.index_entry import IndexEntry
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import RunLock, RunLocked, lock_holder
 from draftgen.store.prompt_refs import LineReader
 from draftgen.store.record import Record, RecordError, decode_line, encode_line, encode_record
-from draftgen.store.resume import cut_torn_tail
+from draftgen.store.scan import cut_torn_tail
 
 _COPY = 1 << 22
 

@@ -1,4 +1,5 @@
-"""The writer side of a run folder: one appender per dataset file, opened on first use."""
+"""The writer of a run folder (`Store`; its reader is `store.reader.Run`): one appender per
+dataset file, opened on first use."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from draftgen.store.journal import OpenTracker
 from draftgen.store.layout import TORN, RunLayout
 from draftgen.store.prompt_refs import PromptRefs
 from draftgen.store.record import Record
-from draftgen.store.resume import cut_torn_tail
+from draftgen.store.scan import cut_torn_tail
 
 
 class Store:

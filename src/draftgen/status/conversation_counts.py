@@ -2,7 +2,7 @@
 `end` written), pending, in flight and stopped by a budget, turns written, turns per
 conversation, where the trajectories ended and why.
 
-A turn's `conversation`, `turn` and `end` are its index entry's (`store.entry.IndexEntry`).
+A turn's `conversation`, `turn` and `end` are its index entry's (`store.index_entry.IndexEntry`).
 An index written before the entries held them is read as before: from the records, cheaply,
 since a record's trajectory fields are the last keys of its line (`store.record.Record`'s
 field order: ... `conversation`, `turn`, `end`, `sampling`), so only the last bytes before each
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from draftgen.store.entry import IndexEntry
+from draftgen.store.index_entry import IndexEntry
 
 TAIL_BYTES = 1024
 """How much of each line's end is read for its trajectory fields."""

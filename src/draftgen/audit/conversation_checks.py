@@ -70,7 +70,7 @@ class Finding:
     problems: list[str]
 
 
-class TurnLine(NamedTuple):
+class TurnSpan(NamedTuple):
     """Where one turn's record lies in its responses file."""
 
     start: int
@@ -108,12 +108,12 @@ class TrajectoryFile:
 
 def audit_trajectories(files: Iterable[TrajectoryFile]
                        ) -> tuple[dict[str, TrajectoryAudit], list[Finding],
-                                  dict[str, list[TurnLine]]]:
+                                  dict[str, list[TurnSpan]]]:
     """Per dataset, its trajectories' summary; the findings, per line; per file (its report
     key), where each turn's line lies, in file order."""
     by_dataset: dict[str, dict[str, list[_Turn]]] = {}
     findings: list[Finding] = []
-    lines: dict[str, list[TurnLine]] = {}
+    lines: dict[str, list[TurnSpan]] = {}
     for f in files:
         conversations = by_dataset.setdefault(f.dataset, {})
         turn_lines = lines.setdefault(f.key, [])
@@ -128,7 +128,7 @@ def audit_trajectories(files: Iterable[TrajectoryFile]
 
 
 def _read_turns(f: TrajectoryFile, reader: LineReader, conversations: dict[str, list[_Turn]],
-                turn_lines: list[TurnLine], findings: list[Finding]) -> None:
+                turn_lines: list[TurnSpan], findings: list[Finding]) -> None:
     """The file's turns, by conversation and in file order; a turn whose ID is not its
     conversation's and turn's is a finding."""
     for start, stop, line in _file_lines(f):
@@ -142,7 +142,7 @@ def _read_turns(f: TrajectoryFile, reader: LineReader, conversations: dict[str, 
             if not isinstance(conversation, str) or not isinstance(record.turn, int):
                 continue
         conversations.setdefault(conversation, []).append(_Turn(f.key, start, stop, record))
-        turn_lines.append(TurnLine(start, stop, conversation, record.turn))
+        turn_lines.append(TurnSpan(start, stop, conversation, record.turn))
 
 
 def _file_lines(f: TrajectoryFile, block: int = BLOCK_BYTES) -> Iterator[tuple[int, int, bytes]]:

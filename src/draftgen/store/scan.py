@@ -1,4 +1,5 @@
-"""Reading back what a run folder already holds: completed IDs, failed attempts, torn tails.
+"""The resume scan (`scan_dataset`): what a dataset's folder already holds (completed IDs,
+failed attempts), its torn last line cut (`cut_torn_tail`), and what the run's other folders hold.
 
 The data files are the truth; no count of lines is trusted. Completed IDs come from the
 compact index beside the data, which is caught up with the data before it is used. The done
