@@ -362,9 +362,10 @@ def heldout_fingerprint(folder: Path, first: int) -> dict[str, Any]:
     import hashlib
 
     rows = load_rows(folder).with_format(None)
-    held = rows.select(range(first, len(rows)))
+    held = rows.select(range(first, len(rows))).to_dict()
     digest = hashlib.sha256(orjson.dumps(held["input_ids"])).hexdigest()
-    return {"rows": len(held), "answer_tokens": int(sum(sum(m) for m in held["loss_mask"])),
+    return {"rows": len(held["input_ids"]),
+            "answer_tokens": int(sum(sum(m) for m in held["loss_mask"])),
             "input_ids_sha256": digest}
 
 
@@ -404,6 +405,11 @@ def train_one(work: Path, draft: str, seed: int, args: argparse.Namespace) -> di
 
     cli.create_train_val_loaders = with_original_answers
     cli.Trainer = ScoredTrainer
+    n_train = int(len(load_rows(data)) * ratio)
+    described = {"draft": draft, "seed": seed, "train_rows": n_train,
+                 "train_answer_tokens": answer_tokens(data, n_train),
+                 "heldout": {"on_policy": heldout_fingerprint(data, n_train),
+                             "original": heldout_fingerprint(trap, n_train)}}
     save = work / "checkpoints" / f"{draft}-s{seed}"
     shutil.rmtree(save, ignore_errors=True)  # a run killed half way starts again
     losses = trainer_module().train(
@@ -411,12 +417,7 @@ def train_one(work: Path, draft: str, seed: int, args: argparse.Namespace) -> di
         seq_len=args.seq_len, lr=args.lr, train_ratio=ratio, seed=seed,
         # AdamW: Muon's step took 65 s of a 104 s step on one core
         extra=[f"--ttt-steps={args.ttt_steps}", "--optimizer=adamw"])
-    n_train = int(len(load_rows(data)) * ratio)
-    return {"draft": draft, "seed": seed, "train_rows": n_train,
-            "train_answer_tokens": answer_tokens(data, n_train),
-            "steps": len(losses.train), "epochs": args.epochs, "lr": args.lr,
-            "heldout": {"on_policy": heldout_fingerprint(data, n_train),
-                        "original": heldout_fingerprint(trap, n_train)},
+    return {**described, "steps": len(losses.train), "epochs": args.epochs, "lr": args.lr,
             "val_per_epoch": losses.val, **scores}
 
 
@@ -434,11 +435,16 @@ def train_all(work: Path, args: argparse.Namespace) -> None:
             draft, seed = todo.pop(0)
             cmd = [sys.executable, __file__, "--work", str(work), "--train-one", draft,
                    "--seed", str(seed), *passed_options(args)]
-            log("$ " + " ".join(cmd))
-            running.append(subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}))
+            out = work / "logs" / f"train-{draft}-s{seed}.log"
+            log("$ " + " ".join(cmd) + f" > {out}")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with open(out, "wb") as f:
+                running.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                                env={**os.environ, "OMP_NUM_THREADS": "1"}))
         done = running.pop(0)
         if done.wait() != 0:
-            sys.exit(f"[draft-value] training failed: {' '.join(map(str, done.args))}")
+            sys.exit(f"[draft-value] training failed: {' '.join(map(str, done.args))}; "
+                     f"its log: {work / 'logs'}")
 
 
 def passed_options(args: argparse.Namespace) -> list[str]:
