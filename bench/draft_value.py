@@ -3,7 +3,7 @@
 one trained on the set's original answers, scored on the target's own held-out answers.
 
     bash scripts/build_vllm.sh                     # once: vLLM-CPU and SmolLM2 (cached)
-    python bench/draft_value.py                    # HumanEval, 2 drafts x 3 seeds (hours of CPU)
+    python bench/draft_value.py --jobs 2           # HumanEval, 2 drafts x 3 seeds, ~2 h of 2 cores
     python bench/draft_value.py --small            # 6 prompts, one training step: CI's mode
 
 The target is SmolLM2-135M-Instruct (float32) on a real `vllm serve` (CPU). The prompts are
@@ -541,7 +541,7 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=384)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--draft-vocab", type=int, default=4096)
     p.add_argument("--seq-len", type=int, default=2048)
