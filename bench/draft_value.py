@@ -57,13 +57,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from draftgen.assets import find_smollm2_hf, vllm_missing  # noqa: E402
-from draftgen.testing.vllm_server import VLLMServer  # noqa: E402
+from draftgen.testing.vllm_server import VLLMServer, hidden_state_args  # noqa: E402
 from draftgen.tokenize.load import load_tokenizer  # noqa: E402
 
 DRAFTS = ("O", "R")
 SPLITS = ("train", "heldout")
-LAYERS = [2, 15, 27, 30]
-"""speculators' EAGLE-3 layers for SmolLM2's 30 (2, n/2, n-3) and the last one."""
 INSTRUCTION = ("Complete the following Python function. Reply with the whole function in a "
                "Python code block.")
 
@@ -248,15 +246,6 @@ def export(work: Path, draft: str, split: str) -> Path:
     return out
 
 
-def hidden_state_args(work: Path) -> list[str]:
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
-    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(work / "hs-staging")}}
-    return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv),
-            "--no-enable-chunked-prefill", "--no-enable-prefix-caching"]
-
-
 def load_rows(folder: Path) -> Any:
     from datasets import load_from_disk
 
@@ -292,7 +281,7 @@ def hidden_states(work: Path, exports: list[Path]) -> None:
     if not todo:
         return
     server = VLLMServer(work / "logs" / "vllm-hidden-states.log",
-                        extra_args=hidden_state_args(work))
+                        extra_args=hidden_state_args(work / "hs-staging"))
     server.start()
     try:
         for folder in todo:

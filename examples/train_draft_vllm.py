@@ -40,12 +40,10 @@ import orjson
 import yaml
 
 from draftgen.assets import find_smollm2_hf, vllm_missing
-from draftgen.testing.vllm_server import VLLMServer
+from draftgen.testing.vllm_server import VLLMServer, hidden_state_args
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "data"
-LAYERS = [2, 15, 27, 30]
-"""speculators' default EAGLE-3 layers for a 30-layer target (2, n/2, n-3) and the last one."""
 T = TypeVar("T")
 
 
@@ -97,15 +95,6 @@ def generate(work: Path, server: VLLMServer, small: bool) -> Path:
     return work / "run"
 
 
-def hidden_state_args(work: Path) -> list[str]:
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
-    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(work / "hs-staging")}}
-    return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv),
-            "--no-enable-chunked-prefill", "--no-enable-prefix-caching"]
-
-
 def hidden_states(export: Path, server: VLLMServer) -> int:
     run([sys.executable, "-m", "speculators", "generate-offline-data",
          "--model", server.served_name, "--endpoint", server.url + "/v1",
@@ -153,7 +142,7 @@ def main() -> None:
         sys.executable, "-m", "draftgen", "export", str(run_dir), "--format", "speculators",
         "--keep-truncated", "--out", str(export)]))
     server = VLLMServer(work / "logs" / "vllm-hidden-states.log",
-                        extra_args=hidden_state_args(work))
+                        extra_args=hidden_state_args(work / "hs-staging"))
     timed(steps, "vllm start (hidden states)", server.start)
     try:
         rows = timed(steps, "speculators generate-offline-data",

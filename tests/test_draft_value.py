@@ -6,14 +6,11 @@ Skipped without the vLLM build unless DRAFTGEN_REQUIRE_VLLM=1 (tests/vllm_engine
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.vllm_engine import require_vllm
+from tests.vllm_engine import run_small
 
 # two `vllm serve` starts (70-234 s each on a loaded 2-core machine) and training
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -22,12 +19,8 @@ TTT_STEPS = 3
 
 
 def test_small_mode_scores_both_drafts_on_one_heldout_set(tmp_path: Path) -> None:
-    require_vllm()
     work = tmp_path / "value"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--small", "--work", str(work)],
-                          capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "DRAFTGEN_VLLM_CPU": "1"})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    stdout = run_small(SCRIPT, work)
     runs = {d: json.loads((work / "results" / f"{d}-s0.json").read_text()) for d in "OR"}
     for draft, result in runs.items():
         assert result["steps"] == 1, draft
@@ -45,4 +38,4 @@ def test_small_mode_scores_both_drafts_on_one_heldout_set(tmp_path: Path) -> Non
     table = json.loads((work / "results.json").read_text())
     assert [(r["draft"], r["scored_on"]) for r in table["rows"]] == [
         ("O", "on_policy"), ("O", "original"), ("R", "on_policy")]
-    assert "| R | on-policy |" in done.stdout
+    assert "| R | on-policy |" in stdout

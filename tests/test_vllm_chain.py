@@ -8,16 +8,13 @@ DRAFTGEN_REQUIRE_VLLM=1 (tests/vllm_engine.py)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from datasets import load_from_disk
 from safetensors.torch import load_file
 
-from tests.vllm_engine import require_vllm
+from tests.vllm_engine import run_small
 
 # two `vllm serve` starts (70-234 s each on a loaded 2-core machine) and training
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -27,13 +24,8 @@ LAYERS = 4
 
 
 def test_small_chain_ends_in_a_draft_checkpoint(tmp_path: Path) -> None:
-    require_vllm()
     work = tmp_path / "chain"
-    # core 1: tests/test_vllm_real.py's server, which may run beside it, is on core 0
-    done = subprocess.run([sys.executable, str(SCRIPT), "--small", "--work", str(work)],
-                          capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "DRAFTGEN_VLLM_CPU": "1"})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    run_small(SCRIPT, work)
     summary = json.loads((work / "chain.json").read_text())
     assert summary["rows"] == 3
     assert summary["checkpoints"] and (work / summary["checkpoints"][0]).is_file()

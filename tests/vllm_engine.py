@@ -7,6 +7,8 @@ Without the build the tests are skipped with the reason, unless DRAFTGEN_REQUIRE
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,3 +36,14 @@ def vllm_server(log_dir: Path, **kw: object) -> Iterator[VLLMServer]:
     server = VLLMServer(log_dir / "vllm.log", **kw)  # type: ignore[arg-type]
     with server:
         yield server
+
+
+def run_small(script: Path, work: Path) -> str:
+    """`python SCRIPT --small --work WORK` (vLLM on core 1: tests/test_vllm_real.py's server,
+    which may run beside it, is on core 0); its stdout, or the test fails with its output."""
+    require_vllm()
+    done = subprocess.run([sys.executable, str(script), "--small", "--work", str(work)],
+                          capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "DRAFTGEN_VLLM_CPU": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done.stdout

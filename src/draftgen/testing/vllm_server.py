@@ -15,6 +15,7 @@ VLLMStartError with its log's tail. Never used by a production run.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,6 +34,23 @@ SERVED_NAME = "smollm2-135m-instruct"
 EXACT_ARGS = ("--dtype", "float32", "--enforce-eager", "--generation-config", "vllm")
 """float32 and eager: the same greedy IDs at any batch size. `--generation-config vllm`: the
 request's sampling only, not defaults from the model folder's generation_config.json."""
+
+
+HIDDEN_STATE_LAYERS = (2, 15, 27, 30)
+"""speculators' EAGLE-3 layers for SmolLM2's 30 (2, n/2, n-3) and the last one."""
+
+
+def hidden_state_args(staging: Path, layers: Sequence[int] = HIDDEN_STATE_LAYERS) -> list[str]:
+    """`vllm serve` arguments for hidden-state extraction (the `extract_hidden_states`
+    speculative method, vLLM's example connector writing each request's states under
+    STAGING): what `speculators generate-offline-data` reads."""
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids":
+                                                 list(layers)}}}
+    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"shared_storage_path": str(staging)}}
+    return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv),
+            "--no-enable-chunked-prefill", "--no-enable-prefix-caching"]
 
 
 class VLLMStartError(DraftgenError):
