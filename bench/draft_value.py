@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import orjson
 import yaml
@@ -119,7 +119,8 @@ def write_prompts(work: Path, small: bool, holdout_every: int) -> dict[str, str]
 
 def served_tokenizer() -> Path:
     """The tokenizer of the folder vLLM serves: the target's own, which O's IDs are rebuilt
-    with (the GGUF's differs from it on digits after spaces)."""
+    with (a folder converted before scripts/gguf_to_hf.py's tokenizer check differs from the
+    GGUF's on digits after spaces)."""
     folder = find_smollm2_hf()
     assert folder is not None
     return folder / "tokenizer.json"
@@ -217,6 +218,17 @@ def records(run_dir: Path, dataset: str) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
+def answered_all(work: Path, draft: str) -> bool:
+    """run-DRAFT holds an answer to every prompt (a run stopped half way is run again: draftgen
+    resumes it)."""
+    for split in SPLITS:
+        path = work / f"run-{draft}" / split / "responses.jsonl"
+        prompts = (work / "prompts" / f"{split}.jsonl").read_bytes().splitlines()
+        if not path.is_file() or len(records(work / f"run-{draft}", split)) < len(prompts):
+            return False
+    return True
+
+
 def check_runs(work: Path) -> None:
     """R's records are the engine's own IDs; O's prompts equal R's, token for token."""
     for split in SPLITS:
@@ -310,17 +322,28 @@ def shared_vocabulary(work: Path) -> Path:
     return path
 
 
-def training_folder(work: Path, draft: str, validate_on: str) -> tuple[Path, float]:
+class TrainingFolder(NamedTuple):
+    path: Path
+    train_rows: int
+    rows: int
+
+    @property
+    def ratio(self) -> float:
+        """speculators' train ratio whose split falls exactly after the train rows."""
+        return (self.train_rows + 0.5) / self.rows
+
+
+def training_folder(work: Path, draft: str, validate_on: str) -> TrainingFolder:
     """DRAFT's train rows then VALIDATE_ON's held-out rows, one Arrow folder with their hidden
-    states linked in, and the train ratio whose split falls exactly between them."""
+    states linked in."""
     from datasets import concatenate_datasets
 
     folder = work / "train-data" / f"{draft}-train+{validate_on}-heldout"
     parts = [work / "export" / f"{draft}-train", work / "export" / f"{validate_on}-heldout"]
     sizes = [len(load_rows(p)) for p in parts]
-    ratio = (sizes[0] + 0.5) / sum(sizes)
+    made = TrainingFolder(folder, sizes[0], sum(sizes))
     if (folder / "dataset_info.json").is_file():
-        return folder, ratio
+        return made
     shutil.rmtree(folder, ignore_errors=True)
     concatenate_datasets([load_rows(p) for p in parts]).save_to_disk(str(folder))
     states = folder / "hidden_states"
@@ -332,7 +355,7 @@ def training_folder(work: Path, draft: str, validate_on: str) -> tuple[Path, flo
                 part / "hidden_states" / f"hs_{j}.safetensors")
             i += 1
     shutil.copyfile(shared_vocabulary(work), folder / "token_freq.pt")
-    return folder, ratio
+    return made
 
 
 def trainer_module() -> Any:
@@ -365,8 +388,8 @@ def train_one(work: Path, draft: str, seed: int, args: argparse.Namespace) -> di
     import torch
 
     torch.set_num_threads(1)
-    data, ratio = training_folder(work, draft, "R")
-    trap, trap_ratio = training_folder(work, draft, "O")
+    data = training_folder(work, draft, "R")
+    trap = training_folder(work, draft, "O")
     original_loader: dict[str, Any] = {}
     make_loaders = cli.create_train_val_loaders
 
@@ -374,7 +397,8 @@ def train_one(work: Path, draft: str, seed: int, args: argparse.Namespace) -> di
         loaders = make_loaders(**kw)
         # transfer None: the states are read from the trap folder's own hidden_states
         original_loader["val"] = make_loaders(
-            **{**kw, "data_path": str(trap), "train_data_ratio": trap_ratio, "transfer": None})[1]
+            **{**kw, "data_path": str(trap.path), "train_data_ratio": trap.ratio,
+               "transfer": None})[1]
         return loaders
 
     scores: dict[str, Any] = {}
@@ -394,16 +418,16 @@ def train_one(work: Path, draft: str, seed: int, args: argparse.Namespace) -> di
 
     cli.create_train_val_loaders = with_original_answers
     cli.Trainer = ScoredTrainer
-    n_train = int(len(load_rows(data)) * ratio)
+    n_train = data.train_rows
     described = {"draft": draft, "seed": seed, "train_rows": n_train,
-                 "train_answer_tokens": answer_tokens(data, n_train),
-                 "heldout": {"on_policy": heldout_fingerprint(data, n_train),
-                             "original": heldout_fingerprint(trap, n_train)}}
+                 "train_answer_tokens": answer_tokens(data.path, n_train),
+                 "heldout": {"on_policy": heldout_fingerprint(data.path, n_train),
+                             "original": heldout_fingerprint(trap.path, n_train)}}
     save = work / "checkpoints" / f"{draft}-s{seed}"
     shutil.rmtree(save, ignore_errors=True)  # a run killed half way starts again
     losses = trainer_module().train(
-        data, find_smollm2_hf(), save, args.epochs, draft_vocab=args.draft_vocab,
-        seq_len=args.seq_len, lr=args.lr, train_ratio=ratio, seed=seed,
+        data.path, find_smollm2_hf(), save, args.epochs, draft_vocab=args.draft_vocab,
+        seq_len=args.seq_len, lr=args.lr, train_ratio=data.ratio, seed=seed,
         # AdamW: Muon's step took 65 s of a 104 s step on one core
         extra=[f"--ttt-steps={args.ttt_steps}", "--optimizer=adamw"])
     return {**described, "steps": len(losses.train), "epochs": args.epochs, "lr": args.lr,
@@ -509,11 +533,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 def prepare(work: Path, args: argparse.Namespace) -> None:
     originals = write_prompts(work, args.small, args.holdout_every)
-    if not (work / "run-R" / "run.json").is_file() or not all(
-            (work / "run-R" / s / "responses.jsonl").is_file() for s in SPLITS):
+    if not answered_all(work, "R"):
         generate_target_answers(work, args)
-    draftgen_run_done = all((work / "run-O" / s / "responses.jsonl").is_file() for s in SPLITS)
-    if not draftgen_run_done:
+    if not answered_all(work, "O"):
         record_original_answers(work, originals, args)
     check_runs(work)
     exports = [export(work, d, s) for d in DRAFTS for s in SPLITS]
