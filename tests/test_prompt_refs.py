@@ -195,3 +195,33 @@ def test_quarantine_leaves_no_reference_dangling(tmp_path: Path, moved: list[str
     assert [e.id for e in entries] == list(_spans(path))
     assert written_turns([tmp_path], DATASET)[f"{DATASET}/b"] == ([] if "agent/b#0" in moved
                                                                   else b)
+
+
+def test_the_first_turn_after_a_resume_extends_the_last_turn_written(tmp_path: Path) -> None:
+    """A resumed session hands each conversation's last written turn to the writer (after one
+    sync of the file), so the turn it writes next names it instead of repeating its prompt."""
+    records = conversation("resumed", 4)
+    path = write(tmp_path, records[:2])
+    spans: dict[str, tuple[int, int]] = {}
+    turns = written_turns([tmp_path], DATASET, spans)[f"{DATASET}/resumed"]
+    assert set(spans) == {r.id for r in records[:2]}
+    store = Store(tmp_path, fsync_interval_s=0)
+    store.continue_turn(DATASET, turns[-1], *spans[turns[-1].id])
+    for record in records[2:]:
+        store.append_record(DATASET, record)
+    store.close()
+    assert [e and e["id"] for e in extends(path)] == [None, *(r.id for r in records[:3])]
+    assert read_back(path) == records
+
+
+def test_a_resumed_turn_is_named_only_once_its_file_is_synced(tmp_path: Path, monkeypatch
+                                                             ) -> None:
+    """What an earlier process wrote counts as durable only after this one's fsync."""
+    write(tmp_path, conversation("unsynced", 1))
+    synced: list[int] = []
+    monkeypatch.setattr("os.fsync", lambda fd: synced.append(fd))
+    appender = JsonlAppender(RunLayout(tmp_path).responses(DATASET), fsync_interval_s=3600)
+    assert appender.durable_size == 0
+    appender.sync()
+    assert synced and appender.durable_size == appender.size > 0
+    appender.close()

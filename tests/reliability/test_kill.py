@@ -436,4 +436,6 @@ def test_kill_9_while_turns_are_written_as_the_turns_they_extend(
     case.note(f"{TURN_KILLS} kills, {torn} last lines torn; {len(records)} turns of 30 "
               f"conversations, {len(named)} written as the turn they extend")
     assert (case.lost, case.duplicated, case.corrupt, case.crashed) == (0, 0, 0, 0)
-    assert len(named) > len(records) // 2, "turns were written whole"
+    # Turn 0 of each conversation is whole (30 of 180); a turn whose last turn's fsync has
+    # not returned yet is too (a machine under load: fewer), so only a floor is a property.
+    assert len(named) > len(records) // 3, "turns were written whole"

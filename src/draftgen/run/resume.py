@@ -301,7 +301,8 @@ class ResumeScan:
         assert ds.conversations is not None
         folders = [self.store.layout.root,
                    *other_run_folders(self.cfg, self.store.layout.root)]
-        written = written_turns(folders, ds.name)
+        spans: dict[str, tuple[int, int]] = {}
+        written = written_turns(folders, ds.name, spans)
         formats = self._formats = self._formats or Formats(self.cfg, self.plan.fmt)
         failed = on_disk.failed_attempts
         table = ds.prompts
@@ -326,6 +327,8 @@ class ResumeScan:
                 counters.exhausted += left
                 continue
             started += fresh
+            if turns and turns[-1].id in spans:
+                self.store.continue_turn(ds.name, turns[-1], *spans[turns[-1].id])
             queue.append(Pending.next_turn(conversation, row))
         return queue
 

@@ -12,7 +12,7 @@ conversation whose last record has an `end` is done.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,12 +151,15 @@ def is_done(written: Sequence[Record]) -> bool:
     return bool(written) and isinstance(written[-1].end, str)
 
 
-def written_turns(folders: Iterable[Path], dataset: str) -> dict[str, list[Record]]:
+def written_turns(folders: Sequence[Path], dataset: str,
+                  spans: dict[str, tuple[int, int]] | None = None) -> dict[str, list[Record]]:
     """Each conversation's records on disk in the run's folders, turn 0 up to the first gap
     (a turn written twice counts once). Lines that are not records (a tail being written in
-    another folder) are left out."""
+    another folder) are left out. `spans`, when given, is filled with where each turn of the
+    first folder lies in its file (id -> start, end), so that the next turn may be written as
+    the one it extends (`store.Store.continue_turn`)."""
     by_turn: dict[str, dict[int, Record]] = {}
-    for folder in folders:
+    for n, folder in enumerate(folders):
         path = RunLayout(folder).responses(dataset)
         if not path.exists():
             continue
@@ -164,11 +167,13 @@ def written_turns(folders: Iterable[Path], dataset: str) -> dict[str, list[Recor
             start = 0
             for line in f:
                 record = reader.read(line, start) if line.endswith(b"\n") else None
-                start += len(line)
+                at, start = start, start + len(line)
                 if not isinstance(record, Record) or not isinstance(record.conversation, str) \
                         or not isinstance(record.turn, int):
                     continue
                 by_turn.setdefault(record.conversation, {}).setdefault(record.turn, record)
+                if spans is not None and n == 0:
+                    spans.setdefault(record.id, (at, start))
     out: dict[str, list[Record]] = {}
     for conversation, turns in by_turn.items():
         chain: list[Record] = []

@@ -47,7 +47,7 @@ class JsonlAppender:
         self._size = os.fstat(self._fd).st_size
         self._fsync_interval = fsync_interval_s
         self._last_fsync = time.monotonic()
-        self._dirty = False
+        self._dirty = self._size > 0  # what an earlier process wrote may not be on disk yet
         self._pending: Future[None] | None = None
         self._pending_size = 0
         self._durable = 0

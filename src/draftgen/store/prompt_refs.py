@@ -6,9 +6,10 @@ The writer (`PromptRefs`, inside `Store.append_record`) keeps, per conversation,
 of the last turn it wrote: where its line lies, a digest of its messages, its tools, and its
 prompt + answer IDs. The next turn of the conversation is written as a `TurnLine` when
 
-- that turn is the one before it, written by this session into the same file, and its line is
-  durable: an fsync covered it (`JsonlAppender.durable_size`), so that no crash can keep the
-  new line and lose the one it names;
+- that turn is the one before it, in the same file (written by this session, or by an earlier
+  one and handed over on resume: `continue_turn`), and its line is durable: an fsync covered
+  it (`JsonlAppender.durable_size`), so that no crash can keep the new line and lose the one
+  it names;
 - its messages start with that turn's messages and its tools are that turn's (always so for
   `formats.trajectory.turn_messages`, checked all the same);
 - its IDs start with at least one of that turn's prompt + answer IDs (`keep`: all of them where
@@ -95,12 +96,20 @@ class PromptRefs:
         if base is not None and (base.turn != turn - 1 or base.end > durable):
             base = None
         prefix, digest = _messages_digests(record.messages, base.messages if base else None)
-        ids = np.array([*record.input_ids, *record.output_ids], dtype=np.int64)
-        after = None if isinstance(record.end, str) else _Turn(
-            record.id, turn, len(record.messages), digest, record.tools, ids)
-        extends = _extends(base, record, prefix, ids) if base is not None else None
+        after = _turn_after(record, turn, digest)
+        extends = _extends(base, record, prefix, after.ids) if base is not None else None
         line = encode_record(record) if extends is None else encode_turn_line(record, extends)
-        return Prepared(line + b"\n", key, after)
+        return Prepared(line + b"\n", key, None if isinstance(record.end, str) else after)
+
+    def continue_turn(self, dataset: str, record: Record, at: int, end: int) -> None:
+        """A turn an earlier session wrote at bytes `at` to `end` (durable), which the next
+        turn of its conversation may extend."""
+        if not isinstance(record.conversation, str) or not isinstance(record.turn, int) \
+                or isinstance(record.end, str):
+            return
+        turn = _turn_after(record, record.turn, _messages_digests(record.messages, None)[1])
+        turn.at, turn.end = at, end
+        self._last[dataset, record.conversation] = turn
 
     def written(self, prepared: Prepared, at: int, end: int) -> None:
         """The prepared line is in the file at bytes `at` to `end`."""
@@ -111,6 +120,12 @@ class PromptRefs:
             return
         prepared.turn.at, prepared.turn.end = at, end
         self._last[prepared.key] = prepared.turn
+
+
+def _turn_after(record: Record, turn: int, digest: bytes) -> _Turn:
+    """What the writer keeps of `record` for the turn after it."""
+    ids = np.array([*record.input_ids, *record.output_ids], dtype=np.int64)
+    return _Turn(record.id, turn, len(record.messages), digest, record.tools, ids)
 
 
 def _messages_digests(messages: list[dict[str, Any]], upto: int | None

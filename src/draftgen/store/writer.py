@@ -77,6 +77,15 @@ class Store:
         index.append_bytes(entry.to_json())
         columns.append_bytes(row_bytes(entry, index.size))
 
+    def continue_turn(self, dataset: str, record: Record, at: int, end: int) -> None:
+        """A resumed conversation's last turn, written by an earlier session at bytes `at` to
+        `end` of the dataset's responses file: its next turn may be written as extending it
+        once the file is synced (here, once per file: a kill -9 may have left the earlier
+        session's lines in the page cache only)."""
+        data = self._file("responses", dataset)
+        data.sync()
+        self._prompt_refs.continue_turn(dataset, record, at, end)
+
     def journal(self, event: dict[str, Any]) -> None:
         """One line of RUN/journal.jsonl: sent / answered / failed / dropped requests. Before
         the first one, a torn last line left by a kill is cut (kept in RUN/torn_tail.bin), so
