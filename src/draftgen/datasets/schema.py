@@ -57,8 +57,8 @@ DatasetTurns = Literal["first", "last", "all"]
 
 
 @dataclass(slots=True)
-class Conversation:
-    """The prompt part of a row: messages up to the first assistant turn, and the tools."""
+class RowMessages:
+    """A row's messages (its prompt part, or the whole conversation) and its tools."""
 
     messages: list[Message]
     tools: list[Tool] | None
@@ -71,7 +71,7 @@ def require_object(row: Any) -> dict[str, Any]:
     return row
 
 
-def conversation_from_row(row: dict[str, Any], turns: PromptTurns = "first") -> Conversation:
+def conversation_from_row(row: dict[str, Any], turns: PromptTurns = "first") -> RowMessages:
     """The prompt of `row`; raises `BadRowError` saying what is wrong when there is none.
 
     `turns` "first": the conversation up to the first assistant turn (the default);
@@ -79,14 +79,14 @@ def conversation_from_row(row: dict[str, Any], turns: PromptTurns = "first") -> 
     messages = _prompt_messages(row, turns)
     _prepend_system(messages, _system_text(row))
     _check_prompt(messages)
-    return Conversation(messages, parse_tools(row.get("tools")))
+    return RowMessages(messages, parse_tools(row.get("tools")))
 
 
 # ---------------------------------------------------------------------------------------------
 # Schema detection
 
 
-def whole_conversation_from_row(row: dict[str, Any]) -> Conversation:
+def whole_conversation_from_row(row: dict[str, Any]) -> RowMessages:
     """Every message of `row` (assistant turns, tool calls and results included), for
     `turns: all`; raises `BadRowError` when there is no user turn before the first assistant
     turn."""
@@ -96,7 +96,7 @@ def whole_conversation_from_row(row: dict[str, Any]) -> Conversation:
                         len(messages))
     _check_prompt(messages[:first_answer])
     _check_prompt(messages)
-    return Conversation(messages, parse_tools(row.get("tools")))
+    return RowMessages(messages, parse_tools(row.get("tools")))
 
 
 def _prompt_messages(row: dict[str, Any], turns: DatasetTurns) -> list[Message]:

@@ -66,7 +66,7 @@ def dropout_turns(conversation: str, turns: int, p: float, seed: int) -> int:
 
 
 @dataclass
-class Conversation:
+class StoredConversation:
     """A conversation's turns as read, in file order, and the first turn excluded."""
 
     turns: list[Record]
@@ -113,19 +113,19 @@ def _turn(record: Record) -> int:
     return record.turn if isinstance(record.turn, int) else 0
 
 
-def kept_turns(conv: Conversation) -> list[Record]:
+def kept_turns(conv: StoredConversation) -> list[Record]:
     """The turns before the first excluded one (all of them when none is), in turn order."""
     stop = conv.excluded_from
     return sorted((r for r in conv.turns if stop is None or _turn(r) < stop), key=_turn)
 
 
-def group(records: Iterable[tuple[Record, str | None]]) -> dict[str, Conversation]:
+def group(records: Iterable[tuple[Record, str | None]]) -> dict[str, StoredConversation]:
     """(record, exclusion reason) by conversation, in first-seen order; an excluded turn cuts
     its conversation there."""
-    out: dict[str, Conversation] = {}
+    out: dict[str, StoredConversation] = {}
     for record, reason in records:
         key = record.conversation if isinstance(record.conversation, str) else record.id
-        conv = out.setdefault(key, Conversation([]))
+        conv = out.setdefault(key, StoredConversation([]))
         conv.turns.append(record)
         if reason is not None:
             conv.exclude(_turn(record))
