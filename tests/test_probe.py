@@ -4,8 +4,6 @@ tokenizer), the verdict rules, and `draftgen run`'s use of the probe."""
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +45,7 @@ def qwen3(qwen3_tok: Tokenizer) -> Format:
     return get_format("qwen3", qwen3_tok)
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """The CLI points the draftgen logger at CliRunner's stream; put it back afterwards."""
-    logger = logging.getLogger("draftgen")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def _config(tmp_path: Path, qwen3_dir: Path, backends: list[dict[str, Any]]) -> RunConfig:

@@ -10,15 +10,21 @@ from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from draftgen.cli import app
 from draftgen.config import load_config
+from draftgen.config.backends import Price
 from draftgen.progress import DatasetCounters, RunCounters, progress_line
 from draftgen.run import prepare
 from draftgen.run.projection import (
     DatasetWork,
+    ProbedPrice,
     configured_prices,
     dataset_work,
+    probed_prices,
     project,
+    projected_prices,
 )
 from draftgen.run.render import render_each
 from draftgen.status import collect_status
@@ -111,3 +117,40 @@ def test_the_progress_line_projects_the_spend() -> None:
     d = counters.datasets["d"]
     d.done, d.cost = 30, 3.0
     assert "projected $10.0000" in progress_line(counters)  # 1 + 3 + 60 pending x $0.10
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize("factor", [1, 15])
+def test_the_probe_prices_a_backend_priced_by_its_listing_as_billed(
+        tmp_path: Path, qwen3_dir: Path, factor: int) -> None:
+    """An OpenRouter backend's config gives no price (the endpoint lists it): once `draftgen
+    probe` has run, the dry run's projection prices it as the probe saw it charged, the
+    listing times what its answers were billed beyond it."""
+    data = write_jsonl(tmp_path / "d.jsonl", prompt_rows(30))
+    with TestServer(mode="openrouter", prices=(2.0, 8.0), bill_factor=factor, **SHORT) as server:
+        cfg = write_config(tmp_path, qwen3_dir,
+                           backends=[fast_backend("or", "openrouter", server.url + "/api/v1")],
+                           datasets=[{"name": "d", "path": str(data)}],
+                           sampling={"max_tokens": 256})
+        plan = prepare(load_config(cfg))
+        run_json = tmp_path / "run" / "run.json"
+        assert projected_prices(plan.cfg, probed_prices(run_json)) == {"or": None}
+        cli = CliRunner()
+        assert cli.invoke(app, ["probe", str(cfg)]).exit_code == 0
+        dry = cli.invoke(app, ["run", "--dry-run", str(cfg)])
+    price = projected_prices(plan.cfg, probed_prices(run_json))["or"]
+    assert price is not None
+    assert price.prompt == pytest.approx(2.0 * factor, rel=0.1)
+    assert price.completion == pytest.approx(8.0 * factor, rel=0.1)
+    assert dry.exit_code == 0, dry.output
+    assert "price of or: $" in dry.output
+    assert ("what its answers were billed" in dry.output) == (factor > 1)
+    assert "known once the run starts" not in dry.output
+
+
+def test_a_configured_price_never_projects_below_the_bills_the_probe_saw(
+        tmp_path: Path, qwen3_dir: Path) -> None:
+    cfg = load_config(_config(tmp_path, qwen3_dir, "http://127.0.0.1:9"))  # PRICE: 10 / 30
+    seen = {"paid": ProbedPrice(Price(prompt=40.0, completion=20.0), 4.0, 0.0),
+            "gone": ProbedPrice(Price(prompt=99.0, completion=99.0), 1.0, 0.0)}
+    assert projected_prices(cfg, seen) == {"paid": Price(prompt=40.0, completion=30.0)}

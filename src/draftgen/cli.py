@@ -359,6 +359,9 @@ def probe(
         print_results(results, _console(width=None if sys.stdout.isatty() else 160))
     if note:
         _stderr().print(note, highlight=False)
+    elif save and not as_json:
+        _stderr().print(f"the whole run's cost at these prices and answers: draftgen run "
+                        f"{config} --dry-run", highlight=False, markup=False)
     if any(r.verdict == "unsafe" for r in results):
         raise typer.Exit(1)
 

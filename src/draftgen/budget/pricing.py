@@ -82,6 +82,15 @@ class PriceWatch:
                   if self.listed is not None else 0.0)
         return max(listed, (prompt_tokens + max_tokens) * self.usd_per_token)
 
+    def charged(self) -> Price | None:
+        """The price as charged so far: the listed one times `ratio`, and never below the
+        highest cost per token a backend priced at 0 reported (None: no price known)."""
+        per_m = self.usd_per_token * 1e6
+        if self.listed is None:
+            return Price(prompt=per_m, completion=per_m) if per_m else None
+        return Price(prompt=max(self.listed.prompt * self.ratio, per_m),
+                     completion=max(self.listed.completion * self.ratio, per_m))
+
     def observe(self, reported: float | None, priced: float | None, tokens: int) -> bool:
         """One answer's reported cost beside its priced cost. True when it raised `ratio` (the
         requests in flight then need re-reserving: `Ledger.reprice`)."""

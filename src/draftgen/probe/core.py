@@ -62,6 +62,7 @@ async def probe_backend(fmt: Format, backend: Backend, key: str, max_tokens: int
         backend=backend.name, type=backend.cfg.type, key=key, verdict=verdict,
         problems=problems, warnings=warnings, answers=answers,
         cost_usd=round(sum(a.cost_usd for a in answers), 8), probed_at=round(time.time(), 3),
+        price=price.model_dump() if price is not None else None,
     )
 
 

@@ -96,6 +96,9 @@ class BackendProbe:
     answers: list[AnswerReport] = field(default_factory=list)
     cost_usd: float = 0.0
     probed_at: float = 0.0
+    price: dict[str, float] | None = None
+    """USD per million tokens the answers were priced at (`prompt`, `completion`): the
+    configured price, else the endpoint's listing; None: none known."""
     cached: bool = False
     """Taken from run.json rather than probed now (not stored)."""
 
@@ -124,6 +127,8 @@ class BackendProbe:
                 answers=[AnswerReport(**a) for a in data.get("answers") or []],
                 cost_usd=float(data.get("cost_usd") or 0.0),
                 probed_at=float(data.get("probed_at") or 0.0),
+                price=({k: float(data["price"][k]) for k in ("prompt", "completion")}
+                       if data.get("price") is not None else None),
             )
         except (KeyError, TypeError, ValueError):
             return None

@@ -6,7 +6,9 @@ rendered), the output tokens to expect (the mean of the answers on disk, by thei
 dataset's own, else the run's; else the probe's answers stored in run.json; else only the
 `max_tokens` bound is known), dollars expected and their range (low: the expected tokens at the
 cheapest backend's price; expected: at the price of the backend that runs first, by priority;
-high: every request at `max_tokens` on the dearest), the wall time at the configured
+high: every request at `max_tokens` on the dearest; a price is the configured one, or the
+endpoint's listing as `draftgen probe` stored it, raised to what the probe's answers were
+billed), the wall time at the configured
 concurrency (from the answers' latency), and which budget stops the run first, after about
 how many answers.
 """
@@ -14,6 +16,7 @@ how many answers.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +24,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from draftgen.budget.pricing import PriceWatch
 from draftgen.config import RunConfig
 from draftgen.config.backends import Price
+from draftgen.probe.model import BackendProbe
 from draftgen.progress import duration_text
 from draftgen.store import RunLayout
 from draftgen.store.fast_index import load_index_columns
@@ -214,15 +219,60 @@ def configured_prices(cfg: RunConfig) -> dict[str, Price | None]:
             for b in cfg.backends}
 
 
+@dataclass(frozen=True)
+class ProbedPrice:
+    """A backend's price as its stored probe saw it charged."""
+
+    charged: Price
+    """The price its answers were priced at, raised to what they were billed."""
+    ratio: float
+    """The highest billed cost over priced cost among its answers (1: none above)."""
+    probed_at: float
+
+
+def probed_prices(run_json: Path) -> dict[str, ProbedPrice]:
+    """Each probed backend's price as charged (`budget.pricing.PriceWatch` over the probe's
+    answers): the listed price a text-only API's config leaves out, and its bills."""
+    out: dict[str, ProbedPrice] = {}
+    for name, data in read_probe(run_json).backends.items():
+        result = BackendProbe.from_dict(data)
+        if result is None:
+            continue
+        watch = PriceWatch(Price(**result.price) if result.price is not None else None)
+        for answer in result.answers:
+            watch.observe(answer.reported_usd, answer.priced_usd, answer.billed_tokens)
+        charged = watch.charged()
+        if charged is not None:
+            out[name] = ProbedPrice(charged, watch.ratio, result.probed_at)
+    return out
+
+
+def projected_prices(cfg: RunConfig, probed: Mapping[str, ProbedPrice]
+                     ) -> dict[str, Price | None]:
+    """Each backend's price for the projection: the configured one (`configured_prices`),
+    never below what its probe saw charged; the probe's where the config gives none."""
+    prices = configured_prices(cfg)
+    for name, seen in probed.items():
+        if name not in prices:
+            continue
+        own = prices[name]
+        prices[name] = seen.charged if own is None else Price(
+            prompt=max(own.prompt, seen.charged.prompt),
+            completion=max(own.completion, seen.charged.completion))
+    return prices
+
+
 def print_projection(out: Console, plan: Plan, work: Sequence[DatasetWork]) -> None:
     from rich.table import Table
 
+    run_json = RunLayout(plan.run_dir).run_json
     measured = [w.shape for w in work if w.shape is not None]
     run_shape = (AnswerShape(sum(s.answers for s in measured),
                              sum(s.output_tokens * s.answers for s in measured)
                              / sum(s.answers for s in measured), None, "the run's answers")
-                 if measured else probe_answers(RunLayout(plan.run_dir).run_json))
-    prices = configured_prices(plan.cfg)
+                 if measured else probe_answers(run_json))
+    probed = probed_prices(run_json)
+    prices = projected_prices(plan.cfg, probed)
     p = project(plan.cfg, work, prices, run_shape)
     table = Table(title="projection", header_style="bold")
     for col in ("dataset", "to send", "prompt tokens", "output tokens", "$ expected",
@@ -235,6 +285,16 @@ def print_projection(out: Console, plan: Plan, work: Sequence[DatasetWork]) -> N
                       _usd(r.usd_expected), f"{_usd(r.usd_low)} – {_usd(r.usd_high)}",
                       f"{r.shape.source} ({r.shape.answers:,})" if r.shape else "nothing yet")
     out.print(table)
+    configured = configured_prices(plan.cfg)
+    for name, seen in sorted(probed.items()):
+        price = prices.get(name)
+        if price is not None and price != configured[name]:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(seen.probed_at))
+            why = (f"{seen.ratio:.3g}x the price: what its answers were billed" if seen.ratio > 1
+                   else "the endpoint's listing")
+            out.print(f"price of {name}: ${price.prompt:,.4g} / ${price.completion:,.4g} per "
+                      f"million prompt / output tokens, from its probe of {when} ({why})",
+                      highlight=False)
     unpriced = sorted(name for name, price in prices.items() if price is None)
     if unpriced:
         out.print(f"price listed by the endpoint for {', '.join(unpriced)}: known once the run "
