@@ -222,3 +222,26 @@ def test_rebuilding_reads_no_logprob_value(hybrid: Format, qwen3_tok: Tokenizer,
         assert answer.logprobs is not None
         with pytest.raises(AssertionError, match="logprob values read"):
             answer.logprobs.logprobs  # noqa: B018  # the lazy column, read now
+
+
+@pytest.mark.parametrize("bad", [10**9, 151_669, -5], ids=["huge", "vocab_size", "negative"])
+@pytest.mark.parametrize("spelled", [False, True], ids=["id", "token_id_text"])
+def test_a_logprob_id_outside_the_vocabulary_is_never_an_answer_token(
+        hybrid: Format, qwen3_tok: Tokenizer, bad: int, spelled: bool) -> None:
+    """An engine's logprob entry naming no token of the vocabulary (reported as `id`, or as
+    vLLM's `token_id:N`) decodes to nothing, so the other entries alone would match the text:
+    the answer is rebuilt from its text instead, with the bad ID nowhere, and never breaks the
+    batch (a negative ID raised in decoding)."""
+    text = hybrid.answer_text("\nR\n", "\n\nHi", None, finished=True).text
+    ids = qwen3_tok.encode(text)[:-1]
+    extra = (LogprobToken(token=f"token_id:{bad}") if spelled
+             else LogprobToken(token="", bytes=[], id=bad))
+    entries = [*as_logprobs(qwen3_tok, ids), extra]
+    raw = RawAnswer(reasoning="\nR\n", content="\n\nHi", finish_reason="stop",
+                    usage=Usage(completion_tokens=len(ids) + 2), logprobs=entries)
+    fine = RawAnswer(reasoning="\nR\n", content="\n\nHi", finish_reason="stop",
+                     logprobs=as_logprobs(qwen3_tok, ids))
+    rebuilt, other = hybrid.rebuild_batch([raw, fine])
+    assert bad not in rebuilt.output_ids and max(rebuilt.output_ids) < qwen3_tok.vocab_size
+    assert rebuilt.token_source == "reconstructed" and "logprobs_incomplete" in rebuilt.flags
+    assert other.flags == ["ids_from_logprobs", "stop_token_appended"]

@@ -147,17 +147,31 @@ def logprob_ids(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
 
 
 def _entry_ids(tokenizer: Tokenizer, columns: LogprobTokens) -> list[int] | None:
-    """Each entry's own ID (see `logprob_token_id`); None when one maps to none."""
+    """Each entry's own ID (see `logprob_token_id`); None when one maps to none, or to no
+    token of the vocabulary (an engine may report any number: `_in_vocabulary`)."""
     if None not in columns.ids:  # every endpoint that reports IDs reports them all
-        return list(columns.ids)  # type: ignore[arg-type]  # no None in it
-    table = tokenizer.bytes_to_id()
-    out: list[int] = []
-    for reported, token, raw in zip(columns.ids, columns.tokens, columns.bytes, strict=True):
-        tid = reported if reported is not None else _unreported_id(table, token, raw)
-        if tid is None:
-            return None
-        out.append(tid)
-    return out
+        out = list(columns.ids)
+    else:
+        table = tokenizer.bytes_to_id()
+        out = []
+        for reported, token, raw in zip(columns.ids, columns.tokens, columns.bytes,
+                                        strict=True):
+            tid = reported if reported is not None else _unreported_id(table, token, raw)
+            if tid is None:
+                return None
+            out.append(tid)
+    return out if _in_vocabulary(out, tokenizer.vocab_size) else None  # type: ignore[arg-type]
+
+
+def _in_vocabulary(ids: list[object], size: int) -> bool:
+    """Every ID an integer naming one of the vocabulary's `size` tokens: one outside it would
+    be stored as the answer's token (it decodes to nothing) or break the batch's decoding."""
+    if not ids:
+        return True
+    if set(map(type, ids)) != {int}:
+        return False
+    numbers: list[int] = ids  # type: ignore[assignment]  # all ints, checked above
+    return min(numbers) >= 0 and max(numbers) < size
 
 
 def _ids_by_spelling(tokenizer: Tokenizer, columns: LogprobTokens, sent: SentBytes
