@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from draftgen.backends import make_backend
-from draftgen.backends.base import engine_ids_problem
+from draftgen.backends.base import BackendError, check_engine_ids, engine_ids_problem
 from draftgen.config import load_config
 from draftgen.formats import Format, get_format
 from draftgen.probe import ProbeOptions
@@ -27,6 +27,7 @@ from draftgen.probe.command import probe_config
 from draftgen.probe.exchange import exchange, probe_requests
 from draftgen.testing.fake_engine import BAD_IDS, TOO_MANY_IDS, TestServer
 from draftgen.tokenize import Tokenizer
+from draftgen.types import RawAnswer, Usage
 from tests.e2e_helpers import fast_backend, read_records, run_config, write_config
 from tests.reliability.helpers import (
     ServerProcess,
@@ -109,6 +110,19 @@ def _bad_records(records: list[dict[str, Any]], vocab_size: int) -> list[str]:
 def test_engine_ids_are_checked_at_their_bounds(ids: Any, problem: str | None) -> None:
     found = engine_ids_problem(ids, vocab_size=10, max_tokens=4)
     assert found == problem if problem is None else (found or "").startswith(problem), found
+
+
+@pytest.mark.parametrize("prompt_ids", [[1, 10], [-1], [1, True]])
+def test_prompt_ids_an_engine_reports_are_checked_before_they_are_stored(
+        prompt_ids: list[Any]) -> None:
+    """vLLM's `prompt_token_ids` are written as the record's prompt where they differ from the
+    rendered one: an ID that is no token fails the answer as `bad_response`, as an output ID
+    does; a long prompt is no problem (only the answer is bound by `max_tokens`)."""
+    usage = Usage(prompt_tokens=2, completion_tokens=1)
+    check_engine_ids(RawAnswer(output_ids=[3], prompt_ids=[1] * 50, usage=usage), 10, 4)
+    with pytest.raises(BackendError, match="engine prompt token IDs") as e:
+        check_engine_ids(RawAnswer(output_ids=[3], prompt_ids=prompt_ids, usage=usage), 10, 4)
+    assert e.value.kind == "bad_response" and e.value.usage == usage
 
 
 @pytest.mark.slow

@@ -321,24 +321,25 @@ def over_in_flight_bound(limit: int) -> BackendError:
 def check_engine_ids(answer: RawAnswer, vocab_size: int | None, max_tokens: int) -> None:
     """The IDs an engine reported (`output_ids`) must be the answer's tokens: integers, each
     0 <= id < `vocab_size` (the target's, added tokens included; unchecked when None), at most
-    `max_tokens` of them and the stop token. Otherwise the answer fails alone as `bad_response`,
-    billed by its usage, rather than being written as exact or breaking the batch it is
-    rebuilt with."""
-    ids = answer.output_ids
-    if ids is None:
-        return
-    problem = engine_ids_problem(ids, vocab_size, max_tokens)
-    if problem is not None:
-        raise BackendError("bad_response", f"engine token IDs: {problem}", retryable=False,
-                           usage=answer.usage)
+    `max_tokens` of them and the stop token; the prompt's IDs it reported (`prompt_ids`, stored
+    where they differ from the rendered prompt) integers in the same range. Otherwise the
+    answer fails alone as `bad_response`, billed by its usage, rather than being written as
+    exact or breaking the batch it is rebuilt with."""
+    for what, ids, most in (("token IDs", answer.output_ids, max_tokens),
+                            ("prompt token IDs", answer.prompt_ids, None)):
+        problem = None if ids is None else engine_ids_problem(ids, vocab_size, most)
+        if problem is not None:
+            raise BackendError("bad_response", f"engine {what}: {problem}", retryable=False,
+                               usage=answer.usage)
 
 
 def engine_ids_problem(ids: Sequence[object], vocab_size: int | None,
-                       max_tokens: int) -> str | None:
-    """Why `ids` cannot be an answer's token IDs (see `check_engine_ids`); None if they can."""
+                       max_tokens: int | None) -> str | None:
+    """Why `ids` cannot be an answer's token IDs (see `check_engine_ids`; `max_tokens` None:
+    any number of them); None if they can."""
     if not isinstance(ids, list):
         return f"not a list but {type(ids).__name__}"
-    if len(ids) > max_tokens + 1:
+    if max_tokens is not None and len(ids) > max_tokens + 1:
         return f"{len(ids)} of them for max_tokens {max_tokens} (at most one more, the stop token)"
     if not ids:
         return None
