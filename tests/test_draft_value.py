@@ -37,5 +37,5 @@ def test_small_mode_scores_both_drafts_on_one_heldout_set(tmp_path: Path) -> Non
     assert runs["O"]["train_answer_tokens"] != runs["R"]["train_answer_tokens"]
     table = json.loads((work / "results.json").read_text())
     assert [(r["draft"], r["scored_on"]) for r in table["rows"]] == [
-        ("O", "on_policy"), ("O", "original"), ("R", "on_policy")]
+        ("O", "on_policy"), ("O", "original"), ("R", "on_policy"), ("R", "original")]
     assert "| R | on-policy |" in stdout
