@@ -454,8 +454,12 @@ def train_all(work: Path, args: argparse.Namespace) -> None:
             with open(out, "wb") as f:
                 running.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                                 env={**os.environ, "OMP_NUM_THREADS": "1"}))
-        done = running.pop(0)
-        if done.wait() != 0:
+        done = next((p for p in running if p.poll() is not None), None)
+        if done is None:  # the next one starts as soon as any finishes
+            time.sleep(2)
+            continue
+        running.remove(done)
+        if done.returncode != 0:
             sys.exit(f"[draft-value] training failed: {' '.join(map(str, done.args))}; "
                      f"its log: {work / 'logs'}")
 
