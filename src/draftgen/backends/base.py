@@ -20,6 +20,7 @@ from draftgen.backends.router import wait_for_fleet
 from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.config.backends import BackendConfig, Price
 from draftgen.redact import keep_header_secrets, keep_url_secrets, redact
+from draftgen.tokenize.base import vocabulary_problem
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 
 if TYPE_CHECKING:
@@ -341,23 +342,7 @@ def engine_ids_problem(ids: Sequence[object], vocab_size: int | None,
         return f"not a list but {type(ids).__name__}"
     if max_tokens is not None and len(ids) > max_tokens + 1:
         return f"{len(ids)} of them for max_tokens {max_tokens} (at most one more, the stop token)"
-    if not ids:
-        return None
-    # Whole-list C loops, not a Python loop per ID: this runs for every answer.
-    if set(map(type, ids)) != {int}:
-        at = next(i for i, t in enumerate(ids) if type(t) is not int)
-        return f"[{at}] is {_shown(ids[at])}, not an integer"
-    top = vocab_size if vocab_size is not None else 2**63
-    if min(ids) < 0 or max(ids) >= top:  # type: ignore[type-var]  # all ints, checked above
-        at = next(i for i, t in enumerate(ids) if not 0 <= t < top)  # type: ignore[operator]
-        vocabulary = f"the vocabulary's {vocab_size} tokens" if vocab_size else "any vocabulary"
-        return f"[{at}] is {ids[at]}, outside {vocabulary}"
-    return None
-
-
-def _shown(value: object) -> str:
-    return orjson.dumps(value).decode()[:40] if value is None or isinstance(
-        value, str | float | bool) else type(value).__name__
+    return vocabulary_problem(ids, vocab_size)
 
 
 _UNREAD_KINDS = frozenset({"bad_response", "connection", "timeout", "incomplete_stream",

@@ -15,11 +15,37 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
+import orjson
+
 from draftgen.errors import DraftgenError
 
 
 class TokenizerError(DraftgenError):
     """The tokenizer cannot be loaded or fails its self-check."""
+
+
+def vocabulary_problem(ids: Sequence[object], vocab_size: int | None) -> str | None:
+    """Why `ids`, as an engine reported them, are not token IDs: one that is no integer (a
+    boolean included), or outside 0 <= id < `vocab_size` (any int64 when None); None if
+    they are all tokens. An ID outside the vocabulary would be stored as a token that decodes
+    to nothing, or break the decoding of the batch it is in."""
+    if not ids:
+        return None
+    # Whole-list C loops, not a Python loop per ID: this runs for every answer.
+    if set(map(type, ids)) != {int}:
+        at = next(i for i, t in enumerate(ids) if type(t) is not int)
+        return f"[{at}] is {_shown(ids[at])}, not an integer"
+    top = vocab_size if vocab_size is not None else 2**63
+    if min(ids) < 0 or max(ids) >= top:  # type: ignore[type-var]  # all ints, checked above
+        at = next(i for i, t in enumerate(ids) if not 0 <= t < top)  # type: ignore[operator]
+        vocabulary = f"the vocabulary's {vocab_size} tokens" if vocab_size else "any vocabulary"
+        return f"[{at}] is {ids[at]}, outside {vocabulary}"
+    return None
+
+
+def _shown(value: object) -> str:
+    return orjson.dumps(value).decode()[:40] if value is None or isinstance(
+        value, str | float | bool) else type(value).__name__
 
 
 # ---- byte-level BPE: token strings ↔ bytes ---------------------------------------------------

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from draftgen.tokenize.base import Tokenizer
+from draftgen.tokenize.base import Tokenizer, vocabulary_problem
 from draftgen.tokenize.logprob_tokens import LogprobToken, LogprobTokens, SentBytes
 
 _TOKEN_ID_FORM = re.compile(r"token_id:(\d+)\Z")
@@ -148,7 +148,7 @@ def logprob_ids(tokenizer: Tokenizer, entries: Sequence[LogprobToken],
 
 def _entry_ids(tokenizer: Tokenizer, columns: LogprobTokens) -> list[int] | None:
     """Each entry's own ID (see `logprob_token_id`); None when one maps to none, or to no
-    token of the vocabulary (an engine may report any number: `_in_vocabulary`)."""
+    token of the vocabulary (an engine may report any number: `vocabulary_problem`)."""
     if None not in columns.ids:  # every endpoint that reports IDs reports them all
         out = list(columns.ids)
     else:
@@ -160,18 +160,9 @@ def _entry_ids(tokenizer: Tokenizer, columns: LogprobTokens) -> list[int] | None
             if tid is None:
                 return None
             out.append(tid)
-    return out if _in_vocabulary(out, tokenizer.vocab_size) else None  # type: ignore[arg-type]
-
-
-def _in_vocabulary(ids: list[object], size: int) -> bool:
-    """Every ID an integer naming one of the vocabulary's `size` tokens: one outside it would
-    be stored as the answer's token (it decodes to nothing) or break the batch's decoding."""
-    if not ids:
-        return True
-    if set(map(type, ids)) != {int}:
-        return False
-    numbers: list[int] = ids  # type: ignore[assignment]  # all ints, checked above
-    return min(numbers) >= 0 and max(numbers) < size
+    if vocabulary_problem(out, tokenizer.vocab_size):
+        return None
+    return out  # type: ignore[return-value]  # ints, checked above
 
 
 def _ids_by_spelling(tokenizer: Tokenizer, columns: LogprobTokens, sent: SentBytes
