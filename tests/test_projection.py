@@ -154,3 +154,18 @@ def test_a_configured_price_never_projects_below_the_bills_the_probe_saw(
     seen = {"paid": ProbedPrice(Price(prompt=40.0, completion=20.0), 4.0, 0.0),
             "gone": ProbedPrice(Price(prompt=99.0, completion=99.0), 1.0, 0.0)}
     assert projected_prices(cfg, seen) == {"paid": Price(prompt=40.0, completion=30.0)}
+
+
+@pytest.mark.parametrize("price", [{"prompt": -1.0, "completion": 2.0},
+                                   {"prompt": "NaN", "completion": 2.0}, {"prompt": 1.0}])
+def test_a_stored_probe_price_that_is_no_price_is_not_used(tmp_path: Path, price: dict) -> None:
+    """run.json edited by hand: a probe result whose price is no price is read as no result
+    (the run probes again), never as a price for the projection or a crash."""
+    from draftgen.probe.model import BackendProbe
+    from draftgen.store.runjson_writer import record_probe
+
+    run_json = tmp_path / "run.json"
+    good = BackendProbe(backend="or", type="openrouter", key="k", verdict="exact",
+                        price={"prompt": 1.0, "completion": 2.0}).as_dict()
+    record_probe(run_json, {"or": good, "bad": {**good, "backend": "bad", "price": price}})
+    assert set(probed_prices(run_json)) == {"or"}

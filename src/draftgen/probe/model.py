@@ -4,6 +4,7 @@ run.json (so a resumed run can reuse it and status/report can show it)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -127,8 +128,18 @@ class BackendProbe:
                 answers=[AnswerReport(**a) for a in data.get("answers") or []],
                 cost_usd=float(data.get("cost_usd") or 0.0),
                 probed_at=float(data.get("probed_at") or 0.0),
-                price=({k: float(data["price"][k]) for k in ("prompt", "completion")}
-                       if data.get("price") is not None else None),
+                price=_stored_price(data.get("price")),
             )
         except (KeyError, TypeError, ValueError):
             return None
+
+
+def _stored_price(data: Any) -> dict[str, float] | None:
+    """A stored result's price; ValueError when it is no price (a run.json edited by hand):
+    the dry run prices a backend by it."""
+    if data is None:
+        return None
+    price = {k: float(data[k]) for k in ("prompt", "completion")}
+    if not all(math.isfinite(v) and v >= 0 for v in price.values()):
+        raise ValueError(f"price {price} is not USD per million tokens")
+    return price
