@@ -129,6 +129,7 @@ def test_retries_failures_and_resume_up_to_max_attempts(
     }
     rows = [{"id": k, "messages": [{"role": "user", "content": f"Say something {v}"}]}
             for k, v in directives.items()]
+    rows_text = {row["id"]: row["messages"][0]["content"] for row in rows}
     data = write_jsonl(tmp_path / "faults.jsonl", rows)
     for stream in (False, True):
         with TestServer(mode="openrouter") as server:  # fresh per-prompt fault counters
@@ -138,6 +139,7 @@ def test_retries_failures_and_resume_up_to_max_attempts(
             ], datasets=[{"name": "faults", "path": str(data)}], max_attempts=2)
             run_dir = tmp_path / f"s{stream}" / "run"
             outcome = run_config(cfg)
+            sent = server.stats["per_prompt"]
             assert outcome.status == "completed", outcome.message
             done = {r["id"].split("/")[1] for r in read_records(run_dir, "faults")}
             assert done == set(directives) - {"bad400"}, stream
@@ -145,7 +147,10 @@ def test_retries_failures_and_resume_up_to_max_attempts(
             assert [(f["id"], f["kind"], f["status"]) for f in failures] == [
                 ("faults/bad400", "bad_request", 400)]
             retried = {r["id"].split("/")[1]: r["retries"] for r in read_records(run_dir, "faults")}
-            assert retried["429x2"] == 2 and retried["502x2"] == 2
+            # a loaded machine may time out a healthy attempt too (timeout_s=1.5 for "slow"), so
+            # the faults set the least retries and the server's count of attempts the exact one
+            for key in ("429x2", "502x2"):
+                assert retried[key] >= 2 and retried[key] == sent[rows_text[key]] - 1, key
             # resume: the permanent failure is tried again until max_attempts, then left alone
             assert run_config(cfg).status == "completed"
             assert len(read_failures(run_dir, "faults")) == 2
