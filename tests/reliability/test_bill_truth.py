@@ -13,6 +13,7 @@ import pytest
 
 from draftgen.config import ConfigError, load_config
 from draftgen.probe import ProbeOptions
+from draftgen.probe.exchange import probe_requests
 from draftgen.run import Runner, prepare
 from draftgen.status import collect_status
 from draftgen.store.runjson_writer import read_run_json
@@ -85,8 +86,9 @@ def test_a_bill_above_the_listing_stays_within_the_budget(tmp_path: Path, qwen3_
 def test_the_probe_learns_what_a_provider_charges(tmp_path: Path, qwen3_dir: Path,
                                                   reliability) -> None:
     """With the probe, the first request of the run is reserved at 15x already: the bill
-    stays within the budget, the probe's requests included."""
-    budget = 0.1
+    stays within the budget, the probe's requests included. (The budget holds the probe's
+    five requests with the run's margin: $0.52 at this listing.)"""
+    budget = 0.6
     case = reliability(SCENARIO, "the provider bills 15x its listed price; the probe runs "
                        f"first; budget.usd ${budget}")
     with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
@@ -168,6 +170,46 @@ def test_no_probe_when_the_budget_cannot_hold_it(tmp_path: Path, qwen3_dir: Path
     case.note(f"server billed ${bill:.6f}; {outcome.status}")
     assert bill == 0
     assert outcome.status == "budget"
+
+
+def _probe_worst_at_listing(cfg: Path) -> list[float]:
+    """The probe's requests' worst cases at the listed price."""
+    fmt = prepare(load_config(cfg)).fmt
+    return [(len(r.input_ids) + ProbeOptions().max_tokens) * PRICE["completion"] / 1e6
+            for r in probe_requests(fmt)[0]]
+
+
+@pytest.mark.parametrize("room", [2.0, 30.0], ids=["probe_left_out", "probe_runs"])
+def test_the_probe_sent_at_once_to_a_15x_provider_keeps_the_run_bound(
+        tmp_path: Path, qwen3_dir: Path, reliability, room: float) -> None:
+    """The probe sends its requests at once, before anything told what the provider charges:
+    held at the listing alone, five answers billed 15x passed a budget of twice their listed
+    worst case 7-fold. Held as the run holds requests before a first answer (the first at
+    its worst case, the others at 20x), the bill passes the budget by at most (15 - 1) times
+    one request's worst case, as a run without the probe."""
+    factor = 15
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    bill_factor=factor, reasoning_tokens=(4000, 4000)) as server:
+        cfg = _config(tmp_path, qwen3_dir, server, 3, 1.0)
+        worst = _probe_worst_at_listing(cfg)
+        budget = room * sum(worst)
+        cfg = _config(tmp_path, qwen3_dir, server, 3, budget)
+        case = reliability(SCENARIO, f"the provider bills {factor}x its listing; every answer "
+                           f"is max_tokens long; the probe on; budget.usd {room}x the probe's "
+                           "worst case at the listing")
+        outcome = _run_with_probe(cfg)
+        bill = _billed(server)
+    case.runs = 1
+    session = read_run_json(tmp_path / "run" / "run.json")["sessions"][-1]
+    probed = "probe_reserved_usd" in session
+    case.note(f"server billed ${bill:.4f} of ${budget:.4f}; probe "
+              f"{'ran' if probed else 'left out'}; {outcome.status}")
+    one = max([*worst, _worst_at_listing(tmp_path)] if read_records(tmp_path / "run", "d")
+              else worst)
+    assert bill <= budget + (factor - 1) * one + 1e-12
+    assert probed == (room > 20)
+    if probed:
+        assert session["probe_unguarded_usd"] == pytest.approx(worst[0], rel=1e-6)
 
 
 # ---- reported costs that are no cost ------------------------------------------------------------

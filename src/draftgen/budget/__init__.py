@@ -4,7 +4,7 @@ it (`lease`), and `Budget`, what the dispatcher asks of them the same way sharde
 (`run_budget`)."""
 
 from draftgen.budget.lease import ShardLease
-from draftgen.budget.ledger import Admission, DatasetBudget, Ledger, Reservation
+from draftgen.budget.ledger import Admission, DatasetBudget, Ledger, Reservation, learning_hold
 from draftgen.budget.pool import (
     POLL_S,
     STALE_S,
@@ -57,6 +57,7 @@ __all__ = [
     "counted_cost",
     "describe_pool",
     "is_cost",
+    "learning_hold",
     "least_output_tokens",
     "lookup_cost",
     "refuse_impossible_rate",

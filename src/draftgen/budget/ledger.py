@@ -37,6 +37,13 @@ are reserved at this many times its price: a provider billing up to this much mo
 lists cannot pass the budget before the first answer tells."""
 
 
+def learning_hold(worsts: list[float]) -> float:
+    """What requests sent together to a backend whose charges are not known yet hold: the first
+    its worst case, each other one LEARNING_MARGIN times its own, as `Ledger.admit` reserves
+    them one by one (the probe sends its requests at once: `reserve` holds this sum)."""
+    return worsts[0] + LEARNING_MARGIN * sum(worsts[1:]) if worsts else 0.0
+
+
 @dataclass(slots=True, eq=False)
 class Reservation:
     dataset: str

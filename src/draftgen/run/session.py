@@ -18,6 +18,7 @@ import logging
 import signal
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from draftgen.budget import (
     PriceWatch,
     budget_for,
     counted_cost,
+    learning_hold,
     refuse_impossible_rate,
     too_small,
 )
@@ -65,6 +67,17 @@ from draftgen.store.scan import StoredElsewhere
 from draftgen.store.shards import claim_run_folder
 
 log = logging.getLogger("draftgen")
+
+
+@dataclass(frozen=True)
+class ProbeHold:
+    """What the probe's requests hold of the dollar budget while they are out."""
+
+    usd: float
+    unguarded_usd: float
+    """The part held at the price alone for backends whose charges were unknown (each one's
+    first request): a provider charging f times its price passes the hold by at most
+    (f - 1) times this."""
 
 
 class Runner:
@@ -137,49 +150,71 @@ class Runner:
         """With `probe` set: probe the started backends (or reuse run.json's results) and
         remove from `backends` those unsafe for this run's datasets (draftgen.probe.gate).
         False, with the run failed and nothing sent, when none is left. The probe's requests
-        are paid from the run's budget: their worst case is reserved first (no probe when the
-        budget cannot hold it), and what they cost is counted and kept in run.json."""
+        are paid from the run's budget: their worst case is reserved first, with the run's
+        margin for a backend whose charges are not known yet (`_probe_hold`; no probe when
+        the budget cannot hold it), and what they cost is counted and kept in run.json."""
         if self.probe is None:
             return True
         plan = self.plan
         worst = self._probe_worst(backends)
-        held = sum(worst.values())
+        held, unguarded = self._probe_hold(backends, worst)
         if not self.ledger.reserve(held):
             log.warning("the probe's worst case ($%.6f) does not fit in what is left of "
                         "budget.usd: no probe this session", held)
             return True
+        hold = ProbeHold(held, unguarded)
         try:
             gate = await gate_backends(plan.fmt, plan.cfg, plan.dataset_needs(), backends,
                                        self.probe, self.store.layout.run_json,
                                        [s.folder / "run.json" for s in self.elsewhere])
         except BaseException:  # stopped while probing: what was sent may have been billed
-            self._count_probe_spend(held, held)
+            self._count_probe_spend(hold, sum(map(sum, worst.values())))
             raise
-        self._count_probe_spend(held, self._probe_spend(gate, worst))
+        self._count_probe_spend(hold, self._probe_spend(gate, worst))
         self._unfit = gate.unfit
         if gate.refused:
             self.state.fail(gate.refused, stop=False)
         return gate.refused is None
 
-    def _probe_worst(self, backends: list[Backend]) -> dict[str, float]:
-        """Each paid backend's probe requests at their worst case."""
+    def _probe_worst(self, backends: list[Backend]) -> dict[str, list[float]]:
+        """Each paid backend's probe requests' worst cases, at its price."""
         assert self.probe is not None
         requests, _ = probe_requests(self.plan.fmt)
         worst = {}
         for b in backends:
             watch = self.prices.get(b.name)
             if watch is not None:
-                worst[b.name] = sum(watch.worst(len(r.input_ids), self.probe.max_tokens)
-                                    for r in requests)
+                worst[b.name] = [watch.worst(len(r.input_ids), self.probe.max_tokens)
+                                 for r in requests]
         return worst
 
-    def _probe_spend(self, gate: Gate, worst: dict[str, float]) -> float:
+    def _probe_hold(self, backends: list[Backend], worst: dict[str, list[float]]
+                    ) -> tuple[float, float]:
+        """What the probe reserves, and the part of it held at the price alone where a provider
+        may charge more: the probe sends a backend's requests at once, so one whose charges are
+        unknown (it reports costs and has not answered) has them held as the run holds its
+        requests in flight before its first answer (`learning_hold`)."""
+        held = unguarded = 0.0
+        for b in backends:
+            costs = worst.get(b.name)
+            watch = self.prices.get(b.name)
+            if not costs or watch is None:
+                continue
+            if (self.ledger.usd is not None and b.capabilities.reports_cost
+                    and watch.answers == 0):
+                held += learning_hold(costs)
+                unguarded += costs[0]
+            else:
+                held += sum(costs)
+        return held, unguarded
+
+    def _probe_spend(self, gate: Gate, worst: dict[str, list[float]]) -> float:
         """What the probe's requests count for, by the run's rule (`counted_cost`); each
         backend's answers, stored ones too, tell what it charges beside its price."""
         spent = 0.0
         for result in gate.results:
             watch = self.prices.get(result.backend)
-            each = worst.get(result.backend, 0.0) / max(1, len(result.answers))
+            each = sum(worst.get(result.backend, ())) / max(1, len(result.answers))
             for a in result.answers:
                 if not result.cached:
                     spent += counted_cost(a.reported_usd, a.priced_usd, each)[0]
@@ -187,15 +222,17 @@ class Runner:
                     watch.observe(a.reported_usd, a.priced_usd, a.billed_tokens)
         return spent
 
-    def _count_probe_spend(self, held: float, usd: float) -> None:
+    def _count_probe_spend(self, hold: ProbeHold, usd: float) -> None:
         """The probe's reservation replaced by what it spent, kept in run.json at once (the
         next session counts it, even after a kill)."""
-        self.ledger.release(held)
+        self.ledger.release(hold.usd)
         self.ledger.add_spent(usd)
         self.probe_usd += usd
         if usd:
             record_session(self.store.layout.run_json, self.session,
-                           probe_usd=round(self.probe_usd, 8), probe_reserved_usd=round(held, 8))
+                           probe_usd=round(self.probe_usd, 8),
+                           probe_reserved_usd=round(hold.usd, 8),
+                           probe_unguarded_usd=round(hold.unguarded_usd, 8))
 
     # ---- the run -----------------------------------------------------------------------
 

@@ -125,6 +125,8 @@ class Session(msgspec.Struct, kw_only=True):
     """A killed session's paid requests without an answer, counted by the next session."""
     probe_usd: float | None = None
     probe_reserved_usd: float | None = None
+    probe_unguarded_usd: float | None = None
+    """The part of `probe_reserved_usd` held at the price alone (`run.session.ProbeHold`)."""
     changed_prompts: dict[str, int] | None = None
     """Answered prompts whose row changed under the same ID, per dataset, as it found them."""
     reasked_changed: bool = False
