@@ -25,4 +25,5 @@ then
        "(build it with: bash scripts/build_llama_server.sh)" >&2
 fi
 python -m ruff check src tests bench
-python -m pytest -q -n "${DRAFTGEN_TEST_WORKERS:-2}" --dist loadfile --durations=20 "$@"
+python -m pytest -q -n "${DRAFTGEN_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+  --durations=20 "$@"

@@ -27,3 +27,22 @@ def restore_logging() -> Iterator[None]:
     saved = (list(logger.handlers), logger.level, logger.propagate)
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
+
+
+LONGEST_FILES = (
+    "tests/test_draft_value.py",
+    "tests/test_vllm_real.py",
+    "tests/reliability/test_kill.py",
+    "tests/test_vllm_chain.py",
+    "tests/test_run_trajectories.py",
+    "tests/test_quickstart.py",
+)
+"""Files whose tests take minutes on 2 cores (scripts/test.sh prints the slowest), longest
+first. With `--dist loadfile` a worker takes a file at a time: these go out first, so no
+worker idles at the end while the other runs a 5-minute file (pytest-xdist's own order,
+by number of tests, sent them last; scripts/test.sh turns it off)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
