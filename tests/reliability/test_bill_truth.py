@@ -212,6 +212,28 @@ def test_the_probe_sent_at_once_to_a_15x_provider_keeps_the_run_bound(
         assert session["probe_unguarded_usd"] == pytest.approx(worst[0], rel=1e-6)
 
 
+def test_a_stored_probe_result_needs_no_room_in_the_budget(tmp_path: Path, qwen3_dir: Path,
+                                                           reliability) -> None:
+    """The probe found the backend unsafe (its reasoning never arrives) and the run sent
+    nothing. Resumed with a budget too small for a new probe, the stored verdict still keeps the
+    backend out: reusing it costs nothing (it used to skip the probe, and its verdict, whole)."""
+    case = reliability(SCENARIO, "a resumed run whose budget cannot hold a probe, with a stored "
+                       "verdict of unsafe")
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    reasoning_field="none", **SHORT) as server:
+        first = _run_with_probe(_config(tmp_path, qwen3_dir, server, 10, 1.0))
+        sent_by_probe = sum(server.stats["per_prompt"].values())
+        again = _run_with_probe(_config(tmp_path, qwen3_dir, server, 10, 0.05))
+        sent = sum(server.stats["per_prompt"].values())
+    case.runs = 2
+    case.note(f"first: {first.status}; resumed with $0.05: {again.status}, "
+              f"{sent - sent_by_probe} requests sent")
+    assert first.status == again.status == "failed"
+    assert "no backend safe" in again.message
+    assert sent == sent_by_probe > 0
+    assert read_records(tmp_path / "run", "d") == []
+
+
 # ---- reported costs that are no cost ------------------------------------------------------------
 
 

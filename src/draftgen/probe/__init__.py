@@ -18,12 +18,12 @@ from draftgen.probe.options import DEFAULT_MAX_TOKENS, ProbeOptions
 
 if TYPE_CHECKING:
     from draftgen.probe.core import backend_key, probe_all
-    from draftgen.probe.gate import Gate, gate_backends
+    from draftgen.probe.gate import Gate, backends_to_probe, gate_backends
 
 # Imported on first use: they import the backends (aiohttp), which the options do not need.
 __getattr__ = lazy_exports(__name__, {
     "draftgen.probe.core": ("backend_key", "probe_all"),
-    "draftgen.probe.gate": ("Gate", "gate_backends"),
+    "draftgen.probe.gate": ("Gate", "backends_to_probe", "gate_backends"),
 })
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "ProbeOptions",
     "Problem",
     "backend_key",
+    "backends_to_probe",
     "gate_backends",
     "probe_all",
 ]

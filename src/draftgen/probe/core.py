@@ -72,20 +72,32 @@ def reusable(stored: BackendProbe | None, key: str) -> bool:
             and not any(p.code == "request_failed" for p in stored.problems))
 
 
+def reusable_results(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
+                     opts: ProbeOptions, stored: Mapping[str, BackendProbe]
+                     ) -> dict[str, BackendProbe]:
+    """The backends' results in `stored` that still serve (their key matches; none with
+    `opts.force`): what `probe_all` reuses instead of probing."""
+    if opts.force:
+        return {}
+    return {b.name: old for b in backends
+            if (old := stored.get(b.name)) is not None
+            and reusable(old, backend_key(cfg, b.name, fmt.tokenizer.sha256))}
+
+
 async def probe_all(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
                     opts: ProbeOptions,
                     stored: Mapping[str, BackendProbe] | None = None) -> list[BackendProbe]:
     """One result per backend, in order: reused from `stored` where its key still matches
     (unless `opts.force`), else probed now (all backends concurrently)."""
-    stored = stored or {}
-    keys = {b.name: backend_key(cfg, b.name, fmt.tokenizer.sha256) for b in backends}
+    reused = reusable_results(fmt, cfg, backends, opts, stored or {})
 
     async def one(b: Backend) -> BackendProbe:
-        old = stored.get(b.name)
-        if not opts.force and old is not None and reusable(old, keys[b.name]):
+        old = reused.get(b.name)
+        if old is not None:
             old.cached = True
             return old
         log.info("probing backend %s (%s)", b.name, b.cfg.type)
-        return await probe_backend(fmt, b, keys[b.name], opts.max_tokens)
+        return await probe_backend(fmt, b, backend_key(cfg, b.name, fmt.tokenizer.sha256),
+                                   opts.max_tokens)
 
     return list(await asyncio.gather(*(one(b) for b in backends)))

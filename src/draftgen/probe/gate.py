@@ -21,7 +21,7 @@ from draftgen.backends import Backend
 from draftgen.config import RunConfig
 from draftgen.formats import Format
 from draftgen.printable import printable
-from draftgen.probe.core import ProbeOptions, probe_all
+from draftgen.probe.core import ProbeOptions, probe_all, reusable_results
 from draftgen.probe.model import BackendProbe, Problem
 from draftgen.store.runjson_writer import read_probe, record_probe
 
@@ -53,6 +53,22 @@ def stored_results(*run_jsons: Path) -> dict[str, BackendProbe]:
             if result is not None:
                 out[name] = result
     return out
+
+
+def _stored(own: dict[str, BackendProbe], shared_from: Sequence[Path]
+            ) -> dict[str, BackendProbe]:
+    """The results stored in the run's other folders, this folder's own replacing them."""
+    return {**stored_results(*reversed(shared_from)), **own}
+
+
+def backends_to_probe(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
+                      opts: ProbeOptions, run_json: Path, shared_from: Sequence[Path] = ()
+                      ) -> list[Backend]:
+    """The backends `gate_backends` would send requests to: those without a stored result
+    that still serves (the others' requests cost nothing and need no room in the budget)."""
+    reused = reusable_results(fmt, cfg, backends, opts,
+                              _stored(stored_results(run_json), shared_from))
+    return [b for b in backends if b.name not in reused]
 
 
 def _why(problem: Problem, needs: Mapping[str, set[str]]) -> str:
@@ -127,8 +143,7 @@ async def gate_backends(fmt: Format, cfg: RunConfig, needs: Mapping[str, set[str
     prompts need beyond plain answers (dataset name -> {"tools"} or nothing), which says whom
     a problem of prompts with tools concerns."""
     own = stored_results(run_json)
-    stored = {**stored_results(*reversed(shared_from)), **own}
-    results = await probe_all(fmt, cfg, backends, opts, stored)
+    results = await probe_all(fmt, cfg, backends, opts, _stored(own, shared_from))
     dropped, unfit = decide(results, needs)
     refused = refusal(dropped, results) if len(dropped) == len(backends) else None
     cost = sum(r.cost_usd for r in results if not r.cached)

@@ -36,7 +36,7 @@ from draftgen.budget import (
 from draftgen.config import ConfigError
 from draftgen.config.backends import Price
 from draftgen.perf import tuned_gc
-from draftgen.probe import Gate, ProbeOptions, gate_backends
+from draftgen.probe import Gate, ProbeOptions, backends_to_probe, gate_backends
 from draftgen.probe.exchange import probe_requests
 from draftgen.progress import ProgressDisplay, RunCounters
 from draftgen.run.dispatch import Dispatcher
@@ -152,21 +152,24 @@ class Runner:
         False, with the run failed and nothing sent, when none is left. The probe's requests
         are paid from the run's budget: their worst case is reserved first, with the run's
         margin for a backend whose charges are not known yet (`_probe_hold`; no probe when
-        the budget cannot hold it), and what they cost is counted and kept in run.json."""
+        the budget cannot hold it, but stored results that still serve need no room), and
+        what they cost is counted and kept in run.json."""
         if self.probe is None:
             return True
         plan = self.plan
-        worst = self._probe_worst(backends)
-        held, unguarded = self._probe_hold(backends, worst)
-        if not self.ledger.reserve(held):
+        elsewhere = [s.folder / "run.json" for s in self.elsewhere]
+        probed = backends_to_probe(plan.fmt, plan.cfg, backends, self.probe,
+                                   self.store.layout.run_json, elsewhere)
+        worst = self._probe_worst(probed)
+        held, unguarded = self._probe_hold(probed, worst)
+        if held and not self.ledger.reserve(held):
             log.warning("the probe's worst case ($%.6f) does not fit in what is left of "
                         "budget.usd: no probe this session", held)
             return True
         hold = ProbeHold(held, unguarded)
         try:
             gate = await gate_backends(plan.fmt, plan.cfg, plan.dataset_needs(), backends,
-                                       self.probe, self.store.layout.run_json,
-                                       [s.folder / "run.json" for s in self.elsewhere])
+                                       self.probe, self.store.layout.run_json, elsewhere)
         except BaseException:  # stopped while probing: what was sent may have been billed
             self._count_probe_spend(hold, sum(map(sum, worst.values())))
             raise
