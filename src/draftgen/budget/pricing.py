@@ -91,6 +91,11 @@ class PriceWatch:
         return Price(prompt=max(self.listed.prompt * self.ratio, per_m),
                      completion=max(self.listed.completion * self.ratio, per_m))
 
+    def charges_unknown(self, reports_cost: bool) -> bool:
+        """Its backend reports what it charges and nothing it charged has arrived yet: its
+        requests in flight are held with a margin (`ledger.LEARNING_MARGIN`)."""
+        return reports_cost and self.answers == 0
+
     def observe(self, reported: float | None, priced: float | None, tokens: int) -> bool:
         """One answer's reported cost beside its priced cost. True when it raised `ratio` (the
         requests in flight then need re-reserving: `Ledger.reprice`)."""

@@ -115,8 +115,7 @@ class Dispatcher:
         backend that reports costs has answered once, its requests beyond the first are
         reserved with a margin (`Ledger.admit`'s `learning`)."""
         price = self.requests.prices[backend.name]
-        learning = (price is not None and price.answers == 0
-                    and backend.capabilities.reports_cost)
+        learning = price is not None and price.charges_unknown(backend.capabilities.reports_cost)
         return self.ledger.admit(dataset, max_tokens, prompt_tokens, price, backend.name,
                                  learning)
 

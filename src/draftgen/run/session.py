@@ -161,12 +161,11 @@ class Runner:
         probed = backends_to_probe(plan.fmt, plan.cfg, backends, self.probe,
                                    self.store.layout.run_json, elsewhere)
         worst = self._probe_worst(probed)
-        held, unguarded = self._probe_hold(probed, worst)
-        if held and not self.ledger.reserve(held):
+        hold = self._probe_hold(probed, worst)
+        if hold.usd and not self.ledger.reserve(hold.usd):
             log.warning("the probe's worst case ($%.6f) does not fit in what is left of "
-                        "budget.usd: no probe this session", held)
+                        "budget.usd: no probe this session", hold.usd)
             return True
-        hold = ProbeHold(held, unguarded)
         try:
             gate = await gate_backends(plan.fmt, plan.cfg, plan.dataset_needs(), backends,
                                        self.probe, self.store.layout.run_json, elsewhere)
@@ -192,7 +191,7 @@ class Runner:
         return worst
 
     def _probe_hold(self, backends: list[Backend], worst: dict[str, list[float]]
-                    ) -> tuple[float, float]:
+                    ) -> ProbeHold:
         """What the probe reserves, and the part of it held at the price alone where a provider
         may charge more: the probe sends a backend's requests at once, so one whose charges are
         unknown (it reports costs and has not answered) has them held as the run holds its
@@ -203,13 +202,13 @@ class Runner:
             watch = self.prices.get(b.name)
             if not costs or watch is None:
                 continue
-            if (self.ledger.usd is not None and b.capabilities.reports_cost
-                    and watch.answers == 0):
+            if self.ledger.usd is not None and watch.charges_unknown(
+                    b.capabilities.reports_cost):
                 held += learning_hold(costs)
                 unguarded += costs[0]
             else:
                 held += sum(costs)
-        return held, unguarded
+        return ProbeHold(held, unguarded)
 
     def _probe_spend(self, gate: Gate, worst: dict[str, list[float]]) -> float:
         """What the probe's requests count for, by the run's rule (`counted_cost`); each
