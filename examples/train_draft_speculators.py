@@ -20,6 +20,11 @@ the model and every batch to `get_local_rank()` (a CUDA device index, 0) and aut
 its step timer calls `torch.accelerator.synchronize()`, which raises when there is no
 accelerator, so with none it does nothing (a CPU has nothing to wait for). The loss of every
 step is printed (and written with --json).
+
+The draft handed back is the last epoch's (`last_checkpoint`: WORK/checkpoints/<epoch>/).
+speculators saves after epoch 0 and after each epoch E with (E + 1) % --checkpoint-freq == 0
+(`Trainer.maybe_save_checkpoint`), so the frequency given is the number of epochs: the first
+epoch and the last are saved (a checkpoint of every epoch would be 15 of them).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import torch
 from datasets import load_from_disk
 from safetensors.torch import save_file
 from speculators.models.utils import resolve_target_layer_ids
+from speculators.train.checkpointer import SingleGPUCheckpointer
 from speculators.train.config import TrainConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -96,11 +102,42 @@ class StepLosses(logging.Handler):
                     getattr(self, kind).append({**where, **record.msg[kind]})
 
 
+def train_args(data: Path, verifier: Path, save: Path, epochs: int, draft_vocab: int,
+               seq_len: int, lr: float, *, train_ratio: float = 0.9, seed: int | None = None,
+               extra: Sequence[str] = ()) -> list[str]:
+    """speculators' command-line flags for `train` (see it)."""
+    return [
+        f"--verifier-name-or-path={verifier}", f"--data-path={data}",
+        "--speculator-type=eagle3", "--num-layers=1", f"--draft-vocab-size={draft_vocab}",
+        "--draft-attn-impl=eager", "--loss-implementation=eager",  # no Triton on CPU
+        "--hidden-states-dtype=float32",
+        f"--total-seq-len={seq_len}", "--num-workers=0", "--on-missing=raise",
+        f"--epochs={epochs}", f"--lr={lr}", "--log-freq=1",  # (--max-steps ends no epoch loop)
+        f"--train-data-ratio={train_ratio}", f"--save-path={save}",
+        # saves epoch 0 and the last one (see the module's doc)
+        f"--checkpoint-freq={epochs}",
+        *([f"--seed={seed}"] if seed is not None else []), *extra,
+    ]
+
+
+def last_checkpoint(save: Path) -> Path:
+    """The newest epoch's checkpoint folder under SAVE (model.safetensors and config.json), as
+    speculators' checkpointer finds it (the one it would resume from); FileNotFoundError if
+    there is none."""
+    epoch = SingleGPUCheckpointer(save).previous_epoch
+    folder = save / str(epoch)
+    if epoch < 0 or not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"no checkpoint in {save}")
+    return folder
+
+
 def train(data: Path, verifier: Path, save: Path, epochs: int, draft_vocab: int,
           seq_len: int, lr: float, *, train_ratio: float = 0.9, seed: int | None = None,
           extra: Sequence[str] = ()) -> StepLosses:
     """speculators' trainer on DATA: the first TRAIN_RATIO of its rows train, the rest validate;
-    EXTRA are more of its command-line flags."""
+    EXTRA are more of its command-line flags. The last epoch's weights end in
+    `last_checkpoint(SAVE)` (checked). speculators resumes from a checkpoint already in SAVE:
+    empty it to train afresh."""
     # the two CPU changes (see the docstring)
     trainer_module.get_local_rank = lambda: "cpu"
     if not torch.accelerator.is_available():
@@ -113,17 +150,14 @@ def train(data: Path, verifier: Path, save: Path, epochs: int, draft_vocab: int,
         logging.getLogger("speculators.metrics").addHandler(losses)
 
     cli.setup_metric_logger = setup_and_listen
-    cfg = TrainConfig.resolve([
-        f"--verifier-name-or-path={verifier}", f"--data-path={data}",
-        "--speculator-type=eagle3", "--num-layers=1", f"--draft-vocab-size={draft_vocab}",
-        "--draft-attn-impl=eager", "--loss-implementation=eager",  # no Triton on CPU
-        "--hidden-states-dtype=float32",
-        f"--total-seq-len={seq_len}", "--num-workers=0", "--on-missing=raise",
-        f"--epochs={epochs}", f"--lr={lr}", "--log-freq=1",  # (--max-steps ends no epoch loop)
-        f"--train-data-ratio={train_ratio}", f"--save-path={save}", "--checkpoint-freq=1000",
-        *([f"--seed={seed}"] if seed is not None else []), *extra,
-    ])
+    cfg = TrainConfig.resolve(train_args(data, verifier, save, epochs, draft_vocab, seq_len, lr,
+                                         train_ratio=train_ratio, seed=seed, extra=extra))
     cli.main(cfg)
+    flat = cfg.flatten()
+    saved = last_checkpoint(Path(flat["save_path"]))
+    if saved.name != str(flat["epochs"] - 1):
+        raise RuntimeError(f"the newest checkpoint is {saved}, not the last epoch's "
+                           f"({flat['epochs'] - 1}: resumed from a longer run's?)")
     return losses
 
 
@@ -151,8 +185,11 @@ def main() -> None:
         print(f"step {m['global_step']:>3}  loss {m['loss']:.4f}")
     for m in losses.val:
         print(f"val after epoch {m['epoch'] + 1:>3}  loss {m['loss_epoch']:.4f}")
+    checkpoint = last_checkpoint(args.work / "checkpoints")
+    print(f"draft checkpoint (the last epoch's): {checkpoint}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "train": losses.train, "val": losses.val,
+                                         "checkpoint": str(checkpoint),
                                          "seconds": round(time.monotonic() - started, 1)},
                                         indent=1))
 

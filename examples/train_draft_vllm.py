@@ -14,7 +14,8 @@
    (`--validate-outputs`: token IDs equal the row's, one state per token).
 4. speculators' trainer on CPU (examples/train_draft_speculators.py `train`: the stock
    `speculators.train.cli.main` with its two CPU changes), the verifier being the very folder
-   vLLM served; a checkpoint under WORK/checkpoints.
+   vLLM served; the last epoch's checkpoint, WORK/checkpoints/<epoch>/ (the one handed back:
+   "checkpoint" in WORK/chain.json).
 
 The two vLLM servers run one after the other (hidden-state extraction writes a file per
 request, which a generation run does not want). Each step's seconds are printed and written to
@@ -150,6 +151,8 @@ def main() -> None:
     finally:
         server.stop()
     trainer = load_trainer()
+    # Made afresh, as the export: speculators would resume from an earlier run's checkpoints.
+    shutil.rmtree(work / "checkpoints", ignore_errors=True)
     losses = timed(steps, "speculators train", lambda: trainer.train(
         export, model, work / "checkpoints", 1 if args.small else args.epochs,
         draft_vocab=4096, seq_len=2048, lr=3e-4))
@@ -157,13 +160,16 @@ def main() -> None:
         "*.safetensors"))
     if not checkpoints:
         sys.exit("[chain] training wrote no checkpoint")
+    # The last epoch's (not the first of `checkpoints`, which sorts as text: epoch 0's).
+    checkpoint = str((trainer.last_checkpoint(work / "checkpoints") / "model.safetensors")
+                     .relative_to(work))
     summary = {"small": args.small, "rows": rows, "steps_s": steps,
                "total_s": round(time.monotonic() - t0, 1), "train": losses.train,
-               "val": losses.val, "checkpoints": checkpoints}
+               "val": losses.val, "checkpoint": checkpoint, "checkpoints": checkpoints}
     (work / "chain.json").write_text(json.dumps(summary, indent=1))
     for m in losses.train:
         print(f"step {m['global_step']:>3}  loss {m['loss']:.4f}")
-    print(f"[chain] {rows} rows, draft checkpoint: {checkpoints[0]}; "
+    print(f"[chain] {rows} rows, draft checkpoint: {checkpoint}; "
           f"{summary['total_s']:.0f} s in all ({work / 'chain.json'})")
 
 

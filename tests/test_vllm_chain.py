@@ -29,6 +29,9 @@ def test_small_chain_ends_in_a_draft_checkpoint(tmp_path: Path) -> None:
     summary = json.loads((work / "chain.json").read_text())
     assert summary["rows"] == 3
     assert summary["checkpoints"] and (work / summary["checkpoints"][0]).is_file()
+    # one epoch: its checkpoint is the one handed back
+    assert summary["checkpoint"] == "checkpoints/0/model.safetensors"
+    assert (work / summary["checkpoint"]).is_file()
     assert [m["global_step"] for m in summary["train"]] == [0]
     rows = load_from_disk(str(work / "export"))
     for i in range(len(rows)):
