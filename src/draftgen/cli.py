@@ -351,7 +351,7 @@ def probe(
     _warn_if_template_disagrees(fmt)
     results = asyncio.run(probe_until_stopped(cfg, fmt,
                                               ProbeOptions(max_tokens=max_tokens)))
-    note = save_results(cfg, results) if save else None
+    note = save_results(cfg, results, keep=save)
     if as_json:
         sys.stdout.write(orjson.dumps(to_json(results), option=orjson.OPT_INDENT_2).decode()
                          + "\n")

@@ -7,6 +7,8 @@ subclass that says where it comes from (`ConfigError`, `StoreError`, ...)."""
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import ClassVar
 
 
@@ -15,3 +17,13 @@ class DraftgenError(Exception):
 
     exit_code: ClassVar[int] = 2
     """The exit status of a `draftgen` command that stops on this error."""
+
+
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+"""A full disk, a quota, a file-size limit: what freeing space (or another disk) mends."""
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError in the system's words ("No space left on device"), also where a library
+    (pyarrow) wraps them in its own."""
+    return os.strerror(e.errno) if e.errno else (e.strerror or str(e))

@@ -127,6 +127,9 @@ class BackendError(DraftgenError):
         self.billed_unknown = False
         """The endpoint accepted the request (HTTP 200) and may have billed it, but its answer
         could not be read (a broken body, a stream cut): the bill is unknown."""
+        self.past_max_tokens = False
+        """The answer went on past its `max_tokens` (an engine that ignored it): what it was
+        billed may pass the request's worst case, which it counts with the margin."""
 
     def __str__(self) -> str:
         status = f" (HTTP {self.status})" if self.status else ""

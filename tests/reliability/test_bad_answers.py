@@ -100,6 +100,10 @@ CAP_MB = 8
 PEAK_MB = 768
 """A run of the test's prompts peaks at about 450 MB of RSS (the tokenizer, the Python heap):
 this leaves room for that, and none for a body of HUGE_MB (read, then parsed)."""
+ROOMY_MAX_TOKENS = 16384
+"""A `max_tokens` whose own bound on an answer's bytes (`backends.base.answer_byte_bound`, about
+43 MB for Qwen3) lets a body of tens of MB through, so that the bound under test (the cap, the
+bound on answers in flight) is what stops it."""
 
 
 @pytest.mark.slow
@@ -119,7 +123,8 @@ def test_a_huge_answer_fails_alone_at_the_cap(tmp_path: Path, qwen3_dir: Path, r
         cfg = write_config(tmp_path, qwen3_dir, backends=[
             fast_backend("local", "openai", server.url, stream=stream, max_retries=1,
                          concurrency=16, max_response_mb=CAP_MB)],
-            datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": 64})
+            datasets=[{"name": "d", "path": str(data)}],
+            sampling={"max_tokens": ROOMY_MAX_TOKENS})
         proc = subprocess.run([sys.executable, "-c", RSS_PROBE, "run", str(cfg), "--no-live",
                                *no_probe()], capture_output=True, text=True, timeout=240)
     said = proc.stdout + proc.stderr
@@ -143,4 +148,4 @@ def test_a_huge_answer_fails_alone_at_the_cap(tmp_path: Path, qwen3_dir: Path, r
     assert all("max_response_mb" in f["message"] for f in failed.values()), failed
     assert peak_mb < PEAK_MB, f"peak RSS {peak_mb:.0f} MB"
     records = (tmp_path / "run" / "d" / "responses.jsonl").read_bytes().splitlines()
-    assert max(len(orjson.loads(r)["output_ids"]) for r in records) <= 64
+    assert max(len(orjson.loads(r)["output_ids"]) for r in records) <= 100  # the good ones

@@ -237,12 +237,12 @@ def test_a_stored_probe_result_needs_no_room_in_the_budget(tmp_path: Path, qwen3
 # ---- reported costs that are no cost ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("reported", [0, -0.5, "NaN", 1e308],
-                         ids=["zero_byok", "negative", "not_a_number", "absurd"])
+@pytest.mark.parametrize("reported", [0, -0.5, "NaN"],
+                         ids=["zero_byok", "negative", "not_a_number"])
 def test_a_reported_cost_never_counts_less_than_the_price(
         tmp_path: Path, qwen3_dir: Path, reliability, reported: Any) -> None:
-    """0 counts the price; a negative or non-number counts the worst case (flagged); a huge
-    finite report is believed (the provider says it billed it: the budget stops)."""
+    """0 counts the price; a negative or non-number counts the worst case with the margin
+    (flagged). (A cost no request could have, 1e308: test_hostile_money.)"""
     budget = 0.02
     case = reliability(SCENARIO, f"the endpoint reports usage.cost {reported!r} for every "
                        f"answer (bill: its price); budget.usd ${budget}")
@@ -261,11 +261,7 @@ def test_a_reported_cost_never_counts_less_than_the_price(
         priced = (r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]) * 1e-5
         assert r["cost_usd"] >= priced - 1e-12
     sources = {r["cost_source"] for r in records}
-    expected = {0: {"priced"}, 1e308: {"reported"}}.get(reported, {"worst_case_report_refused"})
-    assert sources == expected
-    if reported == 1e308:  # nothing sent once the first answer told: those in flight only
-        assert len(records) <= 2 and st.total.sums.cost >= 1e308
-    else:
-        assert st.total.sums.cost >= bill - 1e-12
+    assert sources == ({"priced"} if reported == 0 else {"worst_case_report_refused"})
+    assert st.total.sums.cost >= bill - 1e-12
     if sources == {"worst_case_report_refused"}:
         assert st.cost_reports_refused == len(records)

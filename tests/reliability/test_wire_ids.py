@@ -36,7 +36,7 @@ from tests.reliability.helpers import (
     prompt_rows,
     write_jsonl,
 )
-from tests.reliability.test_bad_answers import PEAK_MB, RSS_PROBE
+from tests.reliability.test_bad_answers import PEAK_MB, ROOMY_MAX_TOKENS, RSS_PROBE
 
 SCENARIO = "9. Engine IDs at the wire"
 MAX_TOKENS = 64
@@ -257,7 +257,8 @@ def test_answers_in_flight_hold_at_most_the_bound(tmp_path: Path, qwen3_dir: Pat
             fast_backend("local", "openai", server.url, stream=stream, max_retries=6,
                          concurrency=64, max_response_mb=CAP_MB,
                          max_in_flight_response_mb=BOUND_MB)],
-            datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": MAX_TOKENS})
+            datasets=[{"name": "d", "path": str(data)}],
+            sampling={"max_tokens": ROOMY_MAX_TOKENS})
         proc = subprocess.run([sys.executable, "-c", RSS_PROBE, "run", str(cfg), "--no-live",
                                *no_probe()], capture_output=True, text=True, timeout=240)
     said = proc.stdout + proc.stderr

@@ -6,7 +6,6 @@ the process pool of `audit.run`.
 
 from __future__ import annotations
 
-import json
 import os
 from array import array
 from collections import Counter
@@ -33,6 +32,7 @@ from draftgen.audit.checks import (
     token_problems,
 )
 from draftgen.formats import Format, FormatError, get_format
+from draftgen.formats.agreement import no_space, text_problems
 from draftgen.formats.base import ParsedAnswer
 from draftgen.store.prompt_refs import LineReader
 from draftgen.store.record import Damaged
@@ -102,34 +102,6 @@ class Judges:
         """Another session's spec, with its Auditor already loaded (by the main process)."""
         self.specs.others[key] = spec
         self._loaded[key] = auditor
-
-
-def _norm(text: str | None) -> str:
-    """The text without any whitespace (providers strip or keep it at will)."""
-    return "".join((text or "").split())
-
-
-def _words(text: str | None) -> list[str]:
-    """The text's whitespace-separated words: equal lists mean equal but for whitespace
-    (added, removed or changed between words, never inside one)."""
-    return (text or "").split()
-
-
-def _args(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return _norm(value)
-    return value
-
-
-def _calls(calls: Any) -> list[tuple[str, Any]]:
-    out = []
-    for c in calls or []:
-        fn = (c.get("function") or c) if isinstance(c, dict) else {}
-        out.append((str(fn.get("name")), _args(fn.get("arguments"))))
-    return out
 
 
 class Auditor:
@@ -222,10 +194,11 @@ class Auditor:
         finish = record.finish_reason
         problems = end_think_problems(
             ids, self.spec, finished=finish in FINISHED,
-            has_reasoning=bool(_norm(parsed.reasoning) or _norm(stored.reasoning)),
+            has_reasoning=bool(no_space(parsed.reasoning)
+                               or no_space(stored.reasoning)),
             tool_section_ends_reasoning=bool(parsed.tool_calls) and parsed.reasoning is not None)
         if has_text(record):
-            problems.extend(_text_problems(parsed, stored, record, finish in CUT_OFF))
+            problems.extend(text_problems(parsed, stored, record.flags or [], finish in CUT_OFF))
         return problems
 
     def _stored(self, record: Checked) -> ParsedAnswer:
@@ -243,39 +216,6 @@ def _days(created_at: Any) -> list[str]:
         return [datetime.now().strftime("%Y-%m-%d")]
     day = datetime.fromtimestamp(created_at)
     return [d.strftime("%Y-%m-%d") for d in (day, day - timedelta(days=1))]
-
-
-def _text_problems(parsed: ParsedAnswer, stored: ParsedAnswer, record: Checked,
-                   cut_off: bool) -> list[str]:
-    """The decoded answer's parts against the stored ones, whitespace-insensitively."""
-    def same(a: str | None, b: str | None) -> bool:
-        x, y = _words(a), _words(b)
-        if x == y:
-            return True
-        # A cut inside a UTF-8 character shows U+FFFD on one side only.
-        return cut_off and _norm(a).rstrip("\ufffd") == _norm(b).rstrip("\ufffd")
-
-    flags = record.flags or []
-    problems = []
-    if "reasoning_dropped" not in flags and not same(parsed.reasoning, stored.reasoning):
-        problems.append("reasoning_mismatch")
-    stored_calls, parsed_calls = _calls(stored.tool_calls), _calls(parsed.tool_calls)
-    if stored_calls and not parsed_calls:
-        # The tool text stayed in the decoded content (it did not render back exactly).
-        content_ok = _norm(parsed.content).startswith(_norm(stored.content))
-        calls_ok = all(name in (parsed.content or "") for name, _ in stored_calls)
-    elif parsed_calls and not stored_calls:
-        # The provider left the tool text in the content (no tool parser).
-        content_ok = _norm(stored.content).startswith(_norm(parsed.content))
-        calls_ok = all(name in (stored.content or "") for name, _ in parsed_calls)
-    else:
-        content_ok = same(parsed.content, stored.content)
-        calls_ok = parsed_calls == stored_calls
-    if not content_ok:
-        problems.append("content_mismatch")
-    if not calls_ok:
-        problems.append("tool_calls_mismatch")
-    return problems
 
 
 # ---- one byte range of a file -----------------------------------------------------------------

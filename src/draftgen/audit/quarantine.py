@@ -19,6 +19,7 @@ from draftgen.audit.report import AuditReport, DatasetAudit
 from draftgen.store.quarantine_move import (
     MovedLine,
     QuarantineError,
+    QuarantineStopped,
     check_unchanged,
     locked,
     move_lines,
@@ -48,7 +49,15 @@ def quarantine(report: AuditReport) -> QuarantineResult:
         for key, d in failing.items():
             check_unchanged(d.folder, d.name, d.snapshot_size, lines[key])
         for key, d in failing.items():
-            result.moved[key], result.already[key] = move_lines(d.folder, d.name, lines[key])
+            try:
+                result.moved[key], result.already[key] = move_lines(d.folder, d.name,
+                                                                    lines[key])
+            except QuarantineStopped as e:
+                done = f" ({', '.join(result.moved)} moved)" if result.moved else ""
+                raise QuarantineStopped(
+                    f"{e}; quarantine not finished{done}: once the folder can be written (free "
+                    f"some space), run `draftgen audit --quarantine {report.root}` again to "
+                    "finish") from None
     return result
 
 

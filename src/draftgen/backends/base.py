@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import email.utils
 import math
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,11 +52,55 @@ REQUEST_SAMPLING: contextvars.ContextVar[SamplingConfig | None] = \
 every backend sends it without knowing why."""
 
 
+WIRE_BASE_BYTES = 1 << 20
+"""What an answer's body may hold whatever its length: headers of the JSON, its usage, error and
+provider fields, the keep-alive comments of a long wait."""
+WIRE_BYTES_PER_TOKEN = 1024
+"""What one output token may take on the wire beside its spelling: a stream chunk's envelope
+(id, model, provider, finish fields), a logprob entry's number, ID and field names."""
+WIRE_BYTES_PER_PROMPT_TOKEN = 24
+"""A prompt ID the engine echoes (vLLM's `prompt_token_ids`), with its comma and room."""
+ESCAPED_BYTES_PER_BYTE = 6
+"""The most a byte of text takes in JSON (`\\u00XX`)."""
+
+
+def answer_byte_bound(max_tokens: int, prompt_tokens: int, longest_token_bytes: int,
+                      alternatives: int = 0) -> int:
+    """The most bytes an answer of at most `max_tokens` tokens can take on the wire: each
+    token spelt by the longest token of the vocabulary, escaped, in the delta and in its
+    logprob entry (and each of its `alternatives`), with a chunk's envelope; the prompt's
+    IDs echoed; a fixed allowance. A body longer than this is an answer that ignored
+    `max_tokens` (or no answer), refused while it is read."""
+    spelt = ESCAPED_BYTES_PER_BYTE * longest_token_bytes * (2 + 2 * alternatives)
+    return (WIRE_BASE_BYTES + prompt_tokens * WIRE_BYTES_PER_PROMPT_TOKEN
+            + max_tokens * (spelt + WIRE_BYTES_PER_TOKEN))
+
+
+def answer_text_problem(answer: RawAnswer, max_tokens: int,
+                        longest_token_bytes: int | None) -> str | None:
+    """Why the answer's text cannot be `max_tokens` tokens (more bytes than that many of the
+    vocabulary's longest token spell); None if it can. Checked before it is tokenized: a
+    100 MB text would otherwise be rebuilt into millions of IDs."""
+    if longest_token_bytes is None:
+        return None
+    most = (max_tokens + 1) * longest_token_bytes
+    texts = (answer.reasoning, answer.content, answer.text)
+    if sum(len(t) for t in texts if t) <= most // 4:  # 4 bytes a character at most
+        return None
+    size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts if t)
+    if size <= most:
+        return None
+    return (f"{size:,} bytes of text for max_tokens {max_tokens} (at most {most:,}: "
+            f"{longest_token_bytes} bytes a token): the engine ignored the limit")
+
+
 class AnswerBytes:
-    """The bytes a backend's answers hold while they are read and parsed, all requests
-    together: at most `limit` (`max_in_flight_response_mb`). Each answer's bytes are counted as
-    they arrive (`ReadCount.add`) and given back when its request's `send` ends; the answer
-    whose bytes would cross the limit fails as `memory_bound` instead of being read further."""
+    """The bytes the run's answers hold while they are read and parsed, all backends and
+    requests together: at most `limit` (the largest `max_in_flight_response_mb` of the run's
+    backends: one bound for the process). Each answer's bytes are counted as they arrive
+    (`ReadCount.add`) and given back when its request's `send` ends; the answer whose bytes
+    would cross the limit fails as `memory_bound` instead of being read further, and one whose
+    bytes pass what its `max_tokens` allows (`answer_byte_bound`) fails as `bad_response`."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -64,9 +109,10 @@ class AnswerBytes:
         """The most bytes held at once so far."""
 
     @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
-        """Around one request: the bytes its answer is read into count here until it ends."""
-        token = _HELD.set(_Held(self))
+    def holding(self, answer_limit: int | None = None) -> Iterator[None]:
+        """Around one request: the bytes its answer is read into count here until it ends;
+        `answer_limit`: the most its answer may take (`answer_byte_bound`)."""
+        token = _HELD.set(_Held(self, answer_limit))
         try:
             yield
         finally:
@@ -83,11 +129,23 @@ class AnswerBytes:
         return True
 
 
+def share_answer_bytes(backends: Sequence[Backend]) -> None:
+    """One bound for the answers the process holds while reading them, all backends together:
+    the largest of their `max_in_flight_response_mb` (it was one bound per backend, so two
+    backends held twice what either allowed)."""
+    if not backends:
+        return
+    shared = AnswerBytes(max(b.answer_bytes.limit for b in backends))
+    for backend in backends:
+        backend.answer_bytes = shared
+
+
 @dataclass(slots=True)
 class _Held:
     """What one request's answer holds of its backend's `AnswerBytes`."""
 
     budget: AnswerBytes
+    answer_limit: int | None = None
     bytes: int = 0
 
 
@@ -111,6 +169,9 @@ class ReadCount:
         held = _HELD.get()
         if held is None:
             return
+        if held.answer_limit is not None and held.bytes + n > held.answer_limit:
+            raise past_max_tokens(f"answer longer than its max_tokens allow "
+                                  f"({held.answer_limit:,} bytes): not read further")
         if not held.budget.take(n):
             raise over_in_flight_bound(held.budget.limit)
         held.bytes += n
@@ -168,6 +229,9 @@ class Backend(ABC):
         self.vocab_size: int | None = None
         """The target's vocabulary size, added tokens included (`use_vocabulary`): an engine
         ID at or above it is no token."""
+        self.longest_token_bytes: int | None = None
+        """The longest spelling of a token of the target's vocabulary (`use_vocabulary`): an
+        answer longer than `max_tokens` of them is none (`answer_byte_bound`)."""
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -226,6 +290,24 @@ class Backend(ABC):
         backend that reads what the endpoint sends through it (the chat backends check logprob
         entries' bytes by its tokens' spellings) keeps what it needs."""
         self.vocab_size = tokenizer.vocab_size
+        self.longest_token_bytes = tokenizer.longest_token_bytes
+
+    def holding_answer(self, max_tokens: int, prompt_tokens: int
+                       ) -> contextlib.AbstractContextManager[None]:
+        """Around reading one answer: its bytes held against the run's `answer_bytes`, and at
+        most what `max_tokens` allows (once the vocabulary is known)."""
+        limit = None
+        if self.longest_token_bytes is not None:
+            limit = answer_byte_bound(max_tokens, prompt_tokens, self.longest_token_bytes,
+                                      self.logprob_alternatives())
+        return self.answer_bytes.holding(limit)
+
+    def logprob_alternatives(self) -> int:
+        """How many alternatives each logprob entry of an answer may carry (a `top_logprobs`
+        the config adds to the body)."""
+        extra = {**self.sampling.extra, **getattr(self.cfg, "extra_body", {})}
+        value = extra.get("top_logprobs", extra.get("top_logprobs_num", 0))
+        return value if isinstance(value, int) and value > 0 else 0
 
     async def listed_price(self) -> Price | None:
         """The price the endpoint itself lists for the model, where it has such a listing."""
@@ -244,12 +326,13 @@ class Backend(ABC):
     async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
         """Send one prompt (`_send`), its answer's bytes held against `answer_bytes` while it
         is read, and the IDs the engine reported checked (`check_engine_ids`)."""
-        with self.answer_bytes.holding():
+        with self.holding_answer(max_tokens, len(input_ids)):
             try:
                 answer = await self._send(prompt, input_ids, max_tokens)
             except BackendError as e:
                 raise without_frames(e) from None
         check_engine_ids(answer, self.vocab_size, max_tokens)
+        check_answer_text(answer, max_tokens, self.longest_token_bytes)
         return answer
 
     @abstractmethod
@@ -329,9 +412,44 @@ def check_engine_ids(answer: RawAnswer, vocab_size: int | None, max_tokens: int)
     for what, ids, most in (("token IDs", answer.output_ids, max_tokens),
                             ("prompt token IDs", answer.prompt_ids, None)):
         problem = None if ids is None else engine_ids_problem(ids, vocab_size, most)
-        if problem is not None:
-            raise BackendError("bad_response", f"engine {what}: {problem}", retryable=False,
-                               usage=answer.usage)
+        if problem is None:
+            continue
+        if most is not None and isinstance(ids, list) and len(ids) > most + 1:
+            raise past_max_tokens(f"engine {what}: {problem}", answer.usage)
+        raise BackendError("bad_response", f"engine {what}: {problem}", retryable=False,
+                           usage=answer.usage)
+
+
+REBUILT_SLACK = 0.02
+"""IDs rebuilt from an answer's text may number a little more than the engine sampled (its text
+encoded canonically, a stop token appended): up to this share of `max_tokens` (and 8 tokens)
+beyond it is taken for that."""
+
+
+def rebuilt_length_problem(n_ids: int, max_tokens: int) -> str | None:
+    """Why `n_ids` IDs rebuilt from an answer's text cannot be an answer of `max_tokens`
+    tokens (an engine that ignored the limit); None if they can (`REBUILT_SLACK`)."""
+    most = max_tokens + 1 + max(8, int(max_tokens * REBUILT_SLACK))
+    if n_ids <= most:
+        return None
+    return f"{n_ids:,} tokens for max_tokens {max_tokens} (at most {most:,} rebuilt)"
+
+
+def check_answer_text(answer: RawAnswer, max_tokens: int,
+                      longest_token_bytes: int | None) -> None:
+    """An answer whose text is longer than `max_tokens` tokens can spell fails alone as
+    `bad_response`, billed by its usage (`answer_text_problem`)."""
+    problem = answer_text_problem(answer, max_tokens, longest_token_bytes)
+    if problem is not None:
+        raise past_max_tokens(problem, answer.usage)
+
+
+def past_max_tokens(message: str, usage: Usage | None = None) -> BackendError:
+    """An answer longer than its `max_tokens` allow: `bad_response`, never kept, its cost
+    counted at least at the request's worst case with the margin (`past_max_tokens`)."""
+    error = BackendError("bad_response", message, retryable=False, usage=usage)
+    error.past_max_tokens = True
+    return error
 
 
 def engine_ids_problem(ids: Sequence[object], vocab_size: int | None,
@@ -491,20 +609,40 @@ def parse_usage(usage: Mapping[str, Any] | None) -> Usage:
         completion_tokens=_int_or_none(usage.get("completion_tokens")),
         reasoning_tokens=_int_or_none(details.get("reasoning_tokens")),
         cached_tokens=_int_or_none(prompt_details.get("cached_tokens")),
-        cost=_reported_cost(cost),
+        cost=wire_cost(cost),
     )
 
 
-def _reported_cost(cost: Any) -> float | None:
-    """`usage.cost` as a float; NaN for one that is not a number (refused by the budget, see
-    `budget.answer_cost`), None when there is none."""
-    if cost is None:
+def wire_cost(value: Any) -> float | None:
+    """A cost as a provider sent it, as a float: a JSON number, or a numeric string ("0.0031":
+    some providers quote their figures); None where there is none; NaN for anything else (a
+    word, a list, `true`, a number past a float's range), which the budget refuses as no cost
+    (`budget.counted_cost`). Whether the figure is plausible is the budget's question."""
+    if value is None:
         return None
-    if isinstance(cost, int | float) and not isinstance(cost, bool):
-        with contextlib.suppress(OverflowError):
-            return float(cost)
-    return math.nan
+    if isinstance(value, str):
+        value = value.strip()
+        if not _NUMERIC.fullmatch(value):
+            return math.nan
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    try:
+        return float(value)
+    except (OverflowError, ValueError):
+        return math.nan
+
+
+_NUMERIC = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+"""A decimal number as text: no `nan`, `inf` or hex, which `float()` would also take."""
 
 
 def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A token count as sent: an integer in 0..2**63-1, or one written in ASCII digits
+    ("120"); None for anything else (a negative or astronomic count is no count: the caller
+    counts the tokens itself)."""
+    if isinstance(value, str):
+        text = value.strip()
+        value = int(text) if text.isascii() and text.isdigit() else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return value
+    return None

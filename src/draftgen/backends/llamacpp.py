@@ -29,6 +29,7 @@ from draftgen.backends.openai_chat import ChatBackendConfig, OpenAIChatBackend
 from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.config.backends import register
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
+from draftgen.urls import join_url
 
 
 @register
@@ -89,7 +90,7 @@ class LlamaCppNativeBackend(Backend):
     def __init__(self, cfg: LlamaCppConfig, model: ModelConfig, sampling: SamplingConfig
                  ) -> None:
         super().__init__(cfg, model, sampling)
-        self.url = _base_url(cfg) + "/completion"
+        self.url = join_url(_base_url(cfg), "/completion")
 
     def build_body(self, input_ids: list[int], max_tokens: int) -> dict[str, Any]:
         s = self.sampling

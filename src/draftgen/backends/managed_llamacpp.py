@@ -52,6 +52,7 @@ from draftgen.assets import llama_server_binary
 from draftgen.backends.llamacpp import LlamaCppConfig
 from draftgen.config.backends import BackendConfig
 from draftgen.errors import DraftgenError
+from draftgen.store.nofollow import dataset_run, make_folders, open_file
 from draftgen.tokenize import GGUFError, read_gguf_metadata
 
 log = logging.getLogger("draftgen")
@@ -205,7 +206,8 @@ class ManagedLlamaServer:
             return self.url
         if not self.model.is_file():
             raise ManagedServerError(f"llama-server {self.name!r}: model not found: {self.model}")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # RUN/logs/FILE: never written through a link (store.nofollow)
+        make_folders(self.log_path.parent, dataset_run(self.log_path))
         for attempt in range(1, attempts + 1):
             try:
                 return await self._start_once()
@@ -223,7 +225,7 @@ class ManagedLlamaServer:
         except FileNotFoundError as e:
             raise ManagedServerError(f"llama-server {self.name!r}: {e}") from None
         started = time.monotonic()
-        log_file = self.log_path.open("ab")
+        log_file = open_file(self.log_path, "ab", root=dataset_run(self.log_path))
         log_file.write(f"\n=== draftgen {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                        f"{shlex.join(cmd)}\n".encode())
         log_file.flush()

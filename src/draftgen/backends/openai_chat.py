@@ -45,6 +45,7 @@ from draftgen.config.backends import BackendConfigBase, register
 from draftgen.tokenize import Tokenizer, TokenSpellings
 from draftgen.tokenize.logprob_tokens import LogprobTokens
 from draftgen.types import BackendError, Prompt, RawAnswer
+from draftgen.urls import join_url, url_path
 
 
 class ChatBackendConfig(BackendConfigBase):
@@ -73,10 +74,11 @@ class OpenAIConfig(ChatBackendConfig):
 
 
 def chat_url(base: str) -> str:
-    """`base` is an OpenAI base URL; "/v1" is added when the user gave the server root."""
-    if not base.rstrip("/").endswith("/v1"):
-        base = base.rstrip("/") + "/v1"
-    return base + "/chat/completions"
+    """`base` is an OpenAI base URL; "/v1" is added when the user gave the server root (its
+    query string kept: `urls.join_url`)."""
+    if not url_path(base).rstrip("/").endswith("/v1"):
+        return join_url(base, "/v1/chat/completions")
+    return join_url(base, "/chat/completions")
 
 
 class OpenAIChatBackend(Backend):

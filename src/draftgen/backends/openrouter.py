@@ -5,13 +5,15 @@ providers serving it with their quantizations (`GET /models/MODEL/endpoints`).""
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
 import orjson
 
-from draftgen.backends.base import Backend, Capabilities
+from draftgen.backends.base import Backend, Capabilities, wire_cost
 from draftgen.backends.openai_chat import ChatBackendConfig, OpenAIChatBackend
 from draftgen.config.backends import Price, register
+from draftgen.urls import join_url, without_path_suffix
 
 
 @register
@@ -40,26 +42,27 @@ class OpenRouterBackend(OpenAIChatBackend):
 
     @property
     def api_root(self) -> str:
-        """The API's base URL (`.../api/v1`)."""
-        return self.url.rsplit("/chat/completions", 1)[0]
+        """The API's base URL (`.../api/v1`, its query string kept)."""
+        return without_path_suffix(self.url, "/chat/completions")
 
     async def billed_usd(self, generation_id: str) -> float | None:
         """What OpenRouter billed for a generation (`GET /generation?id=`: `total_cost`);
         None where it does not say (no such record yet, a failure)."""
-        data = await self._get_data(f"{self.api_root}/generation", {"id": generation_id})
+        data = await self._get_data(join_url(self.api_root, "/generation", {"id": generation_id}))
         cost = data.get("total_cost") if isinstance(data, dict) else None
-        return float(cost) if isinstance(cost, int | float) and cost >= 0 else None
+        return wire_cost(cost)
 
     async def listed_price(self) -> Price | None:
         """The /models listing: `pricing.prompt` / `pricing.completion` in USD per token, for
         the configured model; None without a listing (the caller decides whether that is
         fatal)."""
-        return price_from_listing(await self._get_data(f"{self.api_root}/models"),
+        return price_from_listing(await self._get_data(join_url(self.api_root, "/models")),
                                   self.model.name)
 
     async def listed_quantizations(self) -> dict[str, str]:
         """Each provider's quantization of the model (`GET /models/MODEL/endpoints`)."""
-        data = await self._get_data(f"{self.api_root}/models/{self.model.name}/endpoints")
+        data = await self._get_data(
+            join_url(self.api_root, f"/models/{self.model.name}/endpoints"))
         endpoints = data.get("endpoints") if isinstance(data, dict) else None
         out: dict[str, str] = {}
         for entry in endpoints if isinstance(endpoints, list) else []:
@@ -67,11 +70,11 @@ class OpenRouterBackend(OpenAIChatBackend):
                 out[entry["provider_name"]] = str(entry.get("quantization") or "unknown")
         return out
 
-    async def _get_data(self, url: str, params: dict[str, str] | None = None) -> Any:
+    async def _get_data(self, url: str) -> Any:
         """The `data` of a GET's JSON answer; None on any failure (what these lookups say is
         informative, or its absence is handled by the caller)."""
         try:
-            async with self.session.get(url, params=params) as resp:
+            async with self.session.get(url) as resp:
                 if resp.status != 200:
                     return None
                 answer = orjson.loads(await self.read_body(resp))
@@ -84,10 +87,16 @@ def price_from_listing(models: Any, model: str) -> Price | None:
     """The price of `model` in the /models listing's `data`."""
     for entry in models if isinstance(models, list) else []:
         if isinstance(entry, dict) and entry.get("id") == model:
-            pricing = entry.get("pricing") or {}
-            try:
-                return Price(prompt=float(pricing["prompt"]) * 1e6,
-                             completion=float(pricing["completion"]) * 1e6)
-            except (KeyError, TypeError, ValueError):
+            pricing = entry.get("pricing")
+            if not isinstance(pricing, dict):
                 return None
+            prompt, completion = (wire_cost(pricing.get(part)) for part in ("prompt", "completion"))
+            if not (_a_price(prompt) and _a_price(completion)):
+                return None  # a price that is no price is no listing
+            assert prompt is not None and completion is not None
+            return Price(prompt=prompt * 1e6, completion=completion * 1e6)
     return None
+
+
+def _a_price(per_token: float | None) -> bool:
+    return per_token is not None and math.isfinite(per_token * 1e6) and per_token >= 0

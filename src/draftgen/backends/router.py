@@ -63,6 +63,7 @@ import orjson
 
 from draftgen.config.backends import BackendConfig, FleetConfig
 from draftgen.errors import DraftgenError
+from draftgen.urls import join_url, without_path_suffix
 
 log = logging.getLogger("draftgen")
 
@@ -87,9 +88,8 @@ class FleetState:
 
 
 def server_root(url: str) -> str:
-    """The server's root: an OpenAI base URL's trailing `/v1` removed."""
-    url = url.rstrip("/")
-    return url.removesuffix("/v1")
+    """The server's root: an OpenAI base URL's trailing `/v1` removed (its query kept)."""
+    return without_path_suffix(url, "/v1")
 
 
 def healthy_workers(listing: Any) -> int:
@@ -150,7 +150,7 @@ async def _poll_until_ready(cfg: BackendConfig, fleet: FleetConfig,
 
 async def _poll_router(cfg: BackendConfig, session: aiohttp.ClientSession, root: str,
                        wanted: int) -> FleetState:
-    url = root + "/workers"
+    url = join_url(root, "/workers")
     try:
         async with session.get(url) as resp:
             status, raw = resp.status, await resp.read()
@@ -171,7 +171,7 @@ async def _poll_router(cfg: BackendConfig, session: aiohttp.ClientSession, root:
 
 async def _poll_health(cfg: BackendConfig, session: aiohttp.ClientSession, root: str,
                        workers: int) -> FleetState:
-    url = root + "/health"
+    url = join_url(root, "/health")
     try:
         async with session.get(url) as resp:
             status = resp.status

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from draftgen.backends.base import Backend, Capabilities
 from draftgen.config.backends import BackendConfigBase, register
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
+from draftgen.urls import join_url
 
 
 @register
@@ -26,7 +27,7 @@ class SGLangBackend(Backend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         assert self.cfg.url is not None, "validated: only a llamacpp backend may lack a url"
-        self.url = self.cfg.url + "/generate"
+        self.url = join_url(self.cfg.url, "/generate")
 
     def build_body(self, input_ids: list[int], max_tokens: int) -> dict[str, Any]:
         s = self.sampling

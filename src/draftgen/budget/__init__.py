@@ -20,7 +20,10 @@ from draftgen.budget.pool import (
     tokens_key,
 )
 from draftgen.budget.pricing import (
+    IMPLAUSIBLE_RATIO,
+    LEARNING_MARGIN,
     PRICED,
+    REPORT_IMPLAUSIBLE,
     REPORT_REFUSED,
     REPORTED,
     PriceWatch,
@@ -30,12 +33,20 @@ from draftgen.budget.pricing import (
     too_small,
 )
 from draftgen.budget.run_budget import Budget, SharedBudget, budget_for
-from draftgen.budget.spend_rate import SpendRateError, least_output_tokens, refuse_impossible_rate
+from draftgen.budget.spend_rate import (
+    SpendRateError,
+    least_output_tokens,
+    refuse_impossible_rate,
+    refuse_unaffordable_answer,
+)
 
 __all__ = [
+    "IMPLAUSIBLE_RATIO",
+    "LEARNING_MARGIN",
     "POLL_S",
     "PRICED",
     "REPORTED",
+    "REPORT_IMPLAUSIBLE",
     "REPORT_REFUSED",
     "STALE_S",
     "USD",
@@ -61,6 +72,7 @@ __all__ = [
     "least_output_tokens",
     "lookup_cost",
     "refuse_impossible_rate",
+    "refuse_unaffordable_answer",
     "run_totals",
     "spend_of",
     "tokens_key",

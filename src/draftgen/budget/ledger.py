@@ -29,12 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from draftgen.budget.pricing import PriceWatch
-
-LEARNING_MARGIN = 20.0
-"""Until a backend that reports costs has answered once, its requests in flight beyond the first
-are reserved at this many times its price: a provider billing up to this much more than it
-lists cannot pass the budget before the first answer tells."""
+from draftgen.budget.pricing import LEARNING_MARGIN, PriceWatch
 
 
 def learning_hold(worsts: list[float]) -> float:
@@ -199,6 +194,16 @@ class Ledger:
             usd = max(r.usd, worst)
             self.reserved_usd += usd - r.usd
             r.usd, r.ratio, r.margin = usd, ratio, usd / worst
+
+    def hold_unknown(self, backend: str) -> None:
+        """What the backend charges is not known again (a report that was no cost): each of
+        its requests in flight is held at LEARNING_MARGIN times its worst case, as before its
+        first answer, so nothing more is admitted on the old figure."""
+        for r in self._in_flight.get(backend, ()):
+            if r.margin < LEARNING_MARGIN:
+                usd = r.worst_usd * LEARNING_MARGIN
+                self.reserved_usd += usd - r.usd
+                r.usd, r.margin = usd, LEARNING_MARGIN
 
     def set_rate(self, usd_per_minute: float | None) -> None:
         """A new spend rate (a shard's part of the run's), starting with a full bucket."""

@@ -30,7 +30,8 @@ from pydantic import (
 from pydantic_core import CoreSchema, ErrorDetails
 
 from draftgen.config.base import ConfigError, StrictModel, refuse_managed_keys
-from draftgen.redact import keep_secret
+from draftgen.redact import keep_secret, keep_url_secrets
+from draftgen.urls import strip_trailing_slash
 
 BACKEND_MODULES = ("openai_chat", "openrouter", "vllm", "sglang", "llamacpp")
 """The modules of `draftgen.backends` that hold the backend types, in the order their types are
@@ -83,7 +84,9 @@ class BackendConfigBase(StrictModel):
     type: str
     """Which server or API it is: picks the keys it takes (below)."""
     url: str | None = None
-    """The server's base URL. A `llamacpp` backend may give `model` instead."""
+    """The server's base URL. A `llamacpp` backend may give `model` instead. A query string
+    (`?key=...`) is sent with every request; its values are redacted wherever the URL is
+    shown or stored (but `api-version`, `version`, `id`)."""
     api_key_env: str | None = None
     """The environment variable holding the API key (the key never appears in a file or an
     output: echoed by a server in an error, it shows as ***)."""
@@ -117,9 +120,11 @@ class BackendConfigBase(StrictModel):
     """The largest answer read from this backend (a body once decompressed, or a stream's
     bytes in all); a larger one fails its request as `response_too_large`."""
     max_in_flight_response_mb: float = Field(1024.0, gt=0)
-    """The most this backend's answers hold together while they are read and parsed (bodies,
-    streams' bytes so far), its probe's included: the answer whose bytes would go past it
-    fails as `memory_bound` (retried). The process holds at most the sum over its backends."""
+    """The most bytes the run's answers hold together while they are read (bodies, streams'
+    bytes so far), the probe's included: the answer whose bytes would go past it fails as
+    `memory_bound` (retried). One bound for the whole run, the largest of its backends'
+    (never their sum). Parsing holds about as much again (the text decoded from the bytes);
+    one answer is also held to what its `max_tokens` allows (`bad_response` past it)."""
     headers: dict[str, str] = Field(default_factory=dict)
     """Extra HTTP headers of every request (their values are redacted in run.json)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -145,9 +150,10 @@ class BackendConfigBase(StrictModel):
     def _url_has_scheme(cls, url: str | None) -> str | None:
         if url is None:
             return None
+        keep_url_secrets(url)  # from now on, before any message could show them
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"must start with http:// or https://, got {url!r}")
-        return url.rstrip("/")
+        return strip_trailing_slash(url)
 
     @model_validator(mode="after")
     def _where_it_answers(self) -> Self:

@@ -4,6 +4,7 @@ types' config models (`backends.registry`), which both build on it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -39,11 +40,28 @@ def refuse_managed_keys(extra: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
+def non_finite(value: Any) -> float | None:
+    """The first NaN or infinity inside a JSON-like value (dicts, lists), None if none."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return item
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
 class StrictModel(BaseModel):
     """Unknown keys are errors, and values are not coerced across types: `concurrency: true`
-    or `max_tokens: 1e20` is refused, not taken as 1 or as a float made an integer."""
+    or `max_tokens: 1e20` is refused, not taken as 1 or as a float made an integer. Every
+    number is finite: YAML's `.nan` and `.inf` are refused in any field (`allow_inf_nan`) and
+    inside free-form objects (`sampling.extra`, `extra_body`, ...), where JSON would send them
+    as `null`; no key takes infinity for "no limit" (each says how to turn it off)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     @field_validator("*")
     @classmethod
@@ -55,4 +73,7 @@ class StrictModel(BaseModel):
                 orjson.dumps(value)
             except orjson.JSONEncodeError as e:
                 raise ValueError(f"cannot be sent as JSON: {e}") from None
+            bad = non_finite(value)
+            if bad is not None:  # orjson writes NaN and infinity as null
+                raise ValueError(f"holds {bad}: every number must be finite")
         return value

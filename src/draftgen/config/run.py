@@ -53,7 +53,9 @@ class SamplingConfig(StrictModel):
     """Top-k sampling (null: the server's default)."""
     max_tokens: int = Field(4096, gt=0, le=TOKENS_MAX)
     """The most output tokens of one answer: what the token and dollar budgets reserve before a
-    request is sent (cut to what a dataset's token budget has left)."""
+    request is sent (cut to what a dataset's token budget has left). At most
+    `model.context_length` and each dataset's `max_output_tokens` (where given, for the
+    datasets it applies to); one answer's worst case at it must fit in `budget.usd`."""
     seed: int | None = None
     """Sent as the request's seed; also seeds the `sampling_mix` draw."""
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -76,7 +78,7 @@ class SamplingChoice(StrictModel):
     top_k: int | None = None
     """Replaces `sampling.top_k`."""
     max_tokens: int | None = Field(None, gt=0, le=TOKENS_MAX)
-    """Replaces `sampling.max_tokens` (and what the token budget reserves)."""
+    """Replaces `sampling.max_tokens` (and what the token budget reserves); the same limits."""
     reasoning_effort: Literal["low", "medium", "high"] | None = None
     """gpt-oss's effort: the request's `reasoning_effort`, and the format's for its prompt."""
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -154,9 +156,13 @@ class DatasetConfig(StrictModel):
     """The split, for hub datasets and DatasetDict folders."""
     subset: str | None = None
     """Hub config name, when `path` is a hub dataset."""
+    hub_timeout_s: float = Field(60.0, gt=0)
+    """For a hub dataset: the longest wait for the hub to send the next thing (the set's files,
+    its next rows) before the run stops with an error naming the hub."""
     max_output_tokens: int | None = Field(None, gt=0)
     """Token budget: answers stop being dispatched once this many output tokens are spent or
-    reserved (the rest is counted as skipped)."""
+    reserved (the rest is counted as skipped). No `max_tokens` of the dataset's requests may
+    be over it."""
     max_prompts: int | None = Field(None, gt=0)
     """At most this many answers for the dataset (the rest is counted as skipped); for
     `turns: all`, this many conversations. Sharded (`--shard I/N`), each shard sends its own
@@ -247,6 +253,37 @@ class RunConfig(StrictModel):
             raise ValueError("datasets: at least one dataset is needed")
         return self
 
+    @model_validator(mode="after")
+    def _answers_can_be_that_long(self) -> RunConfig:
+        """No `max_tokens` a dataset's requests ask for is over `model.context_length` or the
+        dataset's `max_output_tokens`: no answer could be that long, and the budget would end
+        the dataset (or the run) with no word about max_tokens."""
+        context = self.model.context_length
+        for ds in self.datasets:
+            budget = ds.max_output_tokens
+            for key, tokens in self.max_tokens_of(ds):
+                if context is not None and tokens > context:
+                    raise ValueError(
+                        f"{key}: {tokens:,} (dataset {ds.name!r}) is over model.context_length "
+                        f"({context:,}): no answer can be that long; lower it")
+                if budget is not None and tokens > budget:
+                    raise ValueError(
+                        f"{key}: {tokens:,} is over datasets[{ds.name}].max_output_tokens "
+                        f"({budget:,}), the dataset's whole token budget; lower it or raise "
+                        "the budget")
+        return self
+
+    def max_tokens_of(self, ds: DatasetConfig) -> list[tuple[str, int]]:
+        """Each `max_tokens` the dataset's requests may ask for, with the key that sets it:
+        its `sampling_mix` choices', and `sampling.max_tokens` where a choice (or no mix)
+        leaves it."""
+        mix = ds.sampling_mix or []
+        out = [(f"datasets[{ds.name}].sampling_mix[{i}].max_tokens", tokens)
+               for i, c in enumerate(mix) if (tokens := c.max_tokens) is not None]
+        if len(out) < len(mix) or not mix:
+            out.append(("sampling.max_tokens", self.sampling.max_tokens))
+        return out
+
     def redacted(self) -> dict[str, Any]:
         """The config as stored in run.json: header values, URL credentials and anything
         key-like removed."""
@@ -263,6 +300,9 @@ def _format_validation_error(path: Path, err: ValidationError, data: Any) -> str
             else backend_error(e, data)
         if e["type"] == "extra_forbidden" and msg == e["msg"]:
             msg = "unknown key (typo?)"
+        if not loc and e["type"] == "value_error":  # a check across keys names its keys
+            lines.append(f"  {msg.removeprefix('Value error, ')}")
+            continue
         where = ".".join(str(p) for p in loc) or "(top level)"
         lines.append(f"  {where}: {msg}")
     return "\n".join(lines)

@@ -25,13 +25,14 @@ from draftgen.config import DatasetConfig
 from draftgen.datasets.admission import LoadStats
 from draftgen.datasets.errors import BadRow
 from draftgen.datasets.rowindex import PromptIndex, RowPlaces
+from draftgen.store.nofollow import StoreError, dataset_run, make_folders, open_file
 
 log = logging.getLogger("draftgen.datasets")
 
 CACHE_FORMAT = 1
 """Bump when the file's layout, or how prompts and IDs are made from rows, changes."""
 NOT_PROMPT_OPTIONS = frozenset({"max_output_tokens", "max_prompts", "sampling_mix", "preset",
-                                "preset_mix"})
+                                "preset_mix", "hub_timeout_s"})
 """Dataset options that only limit or shape what is sent: changing them keeps the cache (and
 a config without `sampling_mix` keeps the key it had before the option existed)."""
 _ARRAYS = ("id_ends", "id_hashes", "tools", "file_no", "offset", "length", "line")
@@ -62,12 +63,13 @@ def write_cache(path: Path, key: str, index: PromptIndex, stats: LoadStats) -> N
               "file_no": places.file_no, "offset": places.offset, "length": places.length,
               "line": places.line}
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    root = dataset_run(path)  # RUN/.cache/FILE: neither the file nor its folder a link
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        make_folders(path.parent, root)
+        with open_file(tmp, "wb", root=root) as f:
             np.savez(f, allow_pickle=False, **arrays)
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, StoreError) as e:
         log.warning("%s: cannot write the prompt cache (%s); the next run reads the dataset "
                     "in full again", path, e)
         tmp.unlink(missing_ok=True)

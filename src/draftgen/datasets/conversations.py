@@ -119,7 +119,7 @@ def iter_conversations(cfg: DatasetConfig, stats: LoadStats | None = None
                            f"not turns: {cfg.turns}")
     check_mix(cfg)
     stats = stats if stats is not None else LoadStats()
-    rows = mapped_stream(open_rows(cfg.path, cfg.split, cfg.subset), cfg, stats)
+    rows = mapped_stream(open_rows(cfg.path, cfg.split, cfg.subset, cfg.hub_timeout_s), cfg, stats)
 
     def read(row: Any, source: str) -> tuple[ConversationPlan, RowIdentity]:
         return conversation_plan(row, cfg.name, source)

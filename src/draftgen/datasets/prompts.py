@@ -33,7 +33,7 @@ def iter_prompts(cfg: DatasetConfig, stats: LoadStats | None = None) -> Iterator
     if cfg.turns == "all":
         return first_turn_prompts(cfg, stats)
     turns = prompt_turns(cfg)
-    rows = mapped_stream(open_rows(cfg.path, cfg.split, cfg.subset), cfg, stats)
+    rows = mapped_stream(open_rows(cfg.path, cfg.split, cfg.subset, cfg.hub_timeout_s), cfg, stats)
     return _prompts_from_rows(
         rows, cfg.name, cfg.limit, stats if stats is not None else LoadStats(), turns
     )

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import gzip
 import os
+import queue
 import re
+import threading
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,10 @@ LOCAL_FILE_SUFFIXES = (*FOLDER_DATA_SUFFIXES, ".json", ".json.gz", ".arrow", ".c
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 UTF8_BOM = b"\xef\xbb\xbf"
 _SKIP_CHUNK_BYTES = 16 * 1024 * 1024
+HUB_TIMEOUT_S = 60.0
+"""The longest wait for the hub to send the next thing, when a caller gives none (the config's
+is `datasets[].hub_timeout_s`)."""
+_HUB_QUEUE_ROWS = 1024
 
 
 @dataclass(slots=True)
@@ -65,16 +71,17 @@ class RowAt:
 RowStream = Generator["Row | BadRow", None, None]
 
 
-def open_rows(path: str, split: str = "train", subset: str | None = None) -> RowStream:
+def open_rows(path: str, split: str = "train", subset: str | None = None,
+              hub_timeout_s: float = HUB_TIMEOUT_S) -> RowStream:
     """The rows of a local file or folder, or of a hub dataset when `path` is `org/name` and no
-    such local path exists."""
+    such local path exists (`DatasetError` when the hub sends nothing for `hub_timeout_s`)."""
     local = Path(path).expanduser()
     if local.is_dir():
         return _open_folder(local, split)
     if local.is_file():
         return _open_file(local)
     if not local.exists() and HUB_NAME.match(path) and not _looks_local(local):
-        return _open_hub(path, split, subset)
+        return _open_hub(path, split, subset, hub_timeout_s)
     raise DatasetError(f"{path}: no such file or folder")
 
 
@@ -441,17 +448,97 @@ def _files_rows(files: list[Path]) -> RowStream:
 # Hugging Face hub
 
 
-def _open_hub(name: str, split: str, subset: str | None) -> RowStream:
+def _open_hub(name: str, split: str, subset: str | None, timeout_s: float) -> RowStream:
     load_dataset = _hub_loader(name)
-    try:
-        dataset = load_dataset(name, subset, split=split, streaming=True)
-    except Exception as e:  # the hub raises many kinds: connection, HTTP, missing config...
-        raise DatasetError(
-            f"{name}: not a local file or folder, and loading it from the Hugging Face hub "
-            f"failed (is the hub reachable and the name, subset and split right?): "
-            f"{type(e).__name__}: {clip(str(e), 500)}"
-        ) from e
-    return _hub_rows(name, dataset)
+
+    def rows() -> Iterable[Any]:
+        return load_dataset(name, subset, split=split, streaming=True)
+    return _hub_rows(name, _within(rows, name, timeout_s))
+
+
+def _within(rows: Callable[[], Iterable[Any]], name: str, timeout_s: float) -> Iterator[Any]:
+    """The rows of `rows()`, read in a thread of their own, each waited for `timeout_s` at
+    most; the first waited for now, so that a hub that cannot be read fails at once. The hub
+    libraries retry a server that accepts and never answers for minutes a try: a deadline over
+    everything they do is the one bound that holds whatever they do inside. The thread is a
+    daemon, and stops once the rows are no longer wanted."""
+    reader = _RowThread(rows, name, timeout_s)
+    first = reader.next()
+    return reader.rest(first)
+
+
+class _RowThread:
+    """A thread reading an iterable into a bounded queue, and its reader's side."""
+
+    _END = object()
+
+    def __init__(self, rows: Callable[[], Iterable[Any]], name: str, timeout_s: float) -> None:
+        self.name, self.timeout_s, self.count = name, timeout_s, 0
+        self.out: queue.Queue[tuple[bool, Any]] = queue.Queue(_HUB_QUEUE_ROWS)
+        self.unwanted = threading.Event()
+        threading.Thread(target=self._read, args=(rows,), name=f"hub {name}",
+                         daemon=True).start()
+
+    def _put(self, ok: bool, item: Any) -> bool:
+        while not self.unwanted.is_set():
+            try:
+                self.out.put((ok, item), timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _read(self, rows: Callable[[], Iterable[Any]]) -> None:
+        try:
+            for row in rows():
+                if not self._put(True, row):
+                    return
+            self._put(True, self._END)
+        except BaseException as e:  # handed to the reader, raised there
+            self._put(False, e)
+
+    def next(self) -> Any:
+        """The next row, or _END; DatasetError when the read failed or sent nothing in time."""
+        try:
+            ok, item = self.out.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self.unwanted.set()
+            raise DatasetError(_hub_silent(self.name, self.count, self.timeout_s)) from None
+        if not ok:
+            self.unwanted.set()
+            raise _hub_failed(self.name, self.count, item) from item
+        return item
+
+    def rest(self, first: Any) -> Iterator[Any]:
+        try:
+            item = first
+            while item is not self._END:
+                yield item
+                self.count += 1
+                item = self.next()
+        finally:
+            self.unwanted.set()
+
+
+def _hub_silent(name: str, count: int, timeout_s: float) -> str:
+    import huggingface_hub  # imported by `datasets` already
+
+    where = f"after {count} rows" if count else "before the first row"
+    return (f"{name}: the Hugging Face hub ({huggingface_hub.constants.ENDPOINT}) sent nothing "
+            f"for {timeout_s:g} s {where} (datasets[].hub_timeout_s); is it reachable? Or "
+            "download the set and give its local path")
+
+
+def _hub_failed(name: str, count: int, e: BaseException) -> DatasetError:
+    """The error of a hub read that raised (the hub raises many kinds: connection, HTTP, a
+    missing config...)."""
+    detail = f"{type(e).__name__}: {clip(str(e), 500)}"
+    if count:
+        return DatasetError(f"{name}: reading from the Hugging Face hub failed after {count} "
+                            f"rows: {detail}")
+    return DatasetError(
+        f"{name}: not a local file or folder, and loading it from the Hugging Face hub "
+        f"failed (is the hub reachable and the name, subset and split right?): {detail}")
 
 
 def _hub_loader(name: str) -> Callable[..., Iterable[Any]]:
@@ -466,14 +553,6 @@ def _hub_loader(name: str) -> Callable[..., Iterable[Any]]:
     return load_dataset
 
 
-def _hub_rows(name: str, dataset: Iterable[Any]) -> RowStream:
-    index = 0
-    try:
-        for row in dataset:
-            yield Row(f"{name}[row {index}]", row)
-            index += 1
-    except Exception as e:
-        raise DatasetError(
-            f"{name}: reading from the Hugging Face hub failed after {index} rows: "
-            f"{type(e).__name__}: {clip(str(e), 500)}"
-        ) from e
+def _hub_rows(name: str, rows: Iterator[Any]) -> RowStream:
+    for index, row in enumerate(rows):
+        yield Row(f"{name}[row {index}]", row)

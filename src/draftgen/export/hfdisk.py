@@ -15,6 +15,7 @@ way speculators' `prepare_data` leaves its folders (loading it then needs torch 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -91,6 +92,14 @@ class HFDiskWriter:
         if self._writer is not None and self._sink is not None:
             self._writer.close()
             self._sink.close()
+        self._writer = self._sink = None
+
+    def abort(self) -> None:
+        """The open shard closed, errors ignored (`Sink.abort`)."""
+        for f in (self._writer, self._sink):
+            if f is not None:
+                with contextlib.suppress(Exception):
+                    f.close()
         self._writer = self._sink = None
 
     def write(self, rows: list[dict[str, Any]]) -> None:

@@ -36,6 +36,7 @@ from typing import IO, Any
 
 import orjson
 
+from draftgen.errors import NO_ROOM, os_reason
 from draftgen.export.branches import (
     AFTER_EXCLUDED,
     TURN_DROPOUT,
@@ -107,28 +108,54 @@ def export_run(run_dir: Path, opts: ExportOptions) -> ExportSummary:
     summary.notes = _notes(source, opts, tok)
     selector = Selector(opts, tok.stop_token_id)
     _check_out(opts.out)
-    with _export_lock(opts.out):
-        staging = _staging_dir(opts)
-        try:
-            if opts.caps:
-                selector.thresholds = _cap_thresholds(source, datasets, selector, opts.caps)
-            sink = _make_sink(opts, staging, source, tok, run_dir)
-            picks = _picks(source, datasets, selector, summary)
-            rows = (_sorted_by_key(picks, source, datasets, opts, staging) if opts.shuffle
-                    else picks)
-            _write_rows(rows, sink, opts, summary)
-            summary.files = [opts.out / p.relative_to(staging) for p in sink.close()]
-            summary.notes += sink.notes()
-            summary.seconds = time.monotonic() - started
-            _write_manifest(staging, run_dir, summary)
-            _move_into_place(staging, opts)
-        except BrokenRow as e:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise ExportError(f"broken row, nothing written: {e}") from None
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+    try:
+        with _export_lock(opts.out):
+            staging = _staging_dir(opts)
+            try:
+                _export_into(staging, source, datasets, selector, tok, summary, run_dir)
+            except BrokenRow as e:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise ExportError(f"broken row, nothing written: {e}") from None
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+    except OSError as e:  # a full disk, a quota, a read-only folder: one line, as a run says
+        raise ExportError(_cannot_write(opts.out, e)) from None
+    summary.seconds = time.monotonic() - started
     return summary
+
+
+def _export_into(staging: Path, source: RunSource, datasets: list[str], selector: Selector,
+                 tok: RunTokenizer, summary: ExportSummary, run_dir: Path) -> None:
+    """Write the export in `staging`, then move it into place as --out."""
+    opts = summary.options
+    if opts.caps:
+        selector.thresholds = _cap_thresholds(source, datasets, selector, opts.caps)
+    sink = _make_sink(opts, staging, source, tok, run_dir)
+    try:
+        picks = _picks(source, datasets, selector, summary)
+        rows = (_sorted_by_key(picks, source, datasets, opts, staging) if opts.shuffle
+                else picks)
+        _write_rows(rows, sink, opts, summary)
+        summary.files = [opts.out / p.relative_to(staging) for p in sink.close()]
+    except BaseException:
+        sink.abort()
+        raise
+    summary.notes += sink.notes()
+    _write_manifest(staging, run_dir, summary)
+    _move_into_place(staging, opts)
+
+
+def _cannot_write(out: Path, e: OSError) -> str:
+    """The one line of an export stopped by an OSError (nothing was written to --out): the
+    file named, unless it is one of the export's own temporary files (removed by now), whose
+    folder is --out's."""
+    own = str(out.parent / f".{out.name}.")
+    where = e.filename if e.filename and not str(e.filename).startswith(own) else out.parent
+    mend = ("free some space on that disk (or choose another --out)" if e.errno in NO_ROOM
+            else "choose a --out you can write")
+    return (f"{where}: {os_reason(e)}; export stopped, nothing written to --out {out}: "
+            f"{mend}, then export again")
 
 
 # ---- set-up ---------------------------------------------------------------------------------

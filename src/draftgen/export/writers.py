@@ -20,8 +20,11 @@ Layout of `--out OUT` (SPLIT is "train", plus "validation" with --val-fraction):
 
 from __future__ import annotations
 
+import contextlib
+import os
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Iterable
 from itertools import compress
 from pathlib import Path
 from typing import IO, Any
@@ -143,6 +146,17 @@ class Sink(ABC):
         """What the manifest should say about the rows written (after close)."""
         return []
 
+    def abort(self) -> None:
+        """Close what is open after a write failed (a full disk), each error ignored: the
+        staging folder is removed next, and a file left to the garbage collector would print
+        its own error on the way out."""
+        for f in self._files():
+            with contextlib.suppress(Exception):
+                f.abort()
+
+    def _files(self) -> Iterable[JsonlFile | HFDiskWriter]:
+        return ()
+
 
 class JsonlFile:
     def __init__(self, path: Path) -> None:
@@ -156,6 +170,13 @@ class JsonlFile:
     def close(self) -> Path:
         self._f.close()
         return self.path
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):
+            self._f.close()
+        if not self._f.closed:  # the flush failed: drop the buffer, close the descriptor
+            with contextlib.suppress(OSError):
+                os.close(self._f.fileno())
 
 
 class SpeculatorsSink(Sink):
@@ -201,6 +222,9 @@ class SpeculatorsSink(Sink):
         if self.has_split:
             write_dataset_dict(self.out, self.splits)
         return files
+
+    def _files(self) -> Iterable[JsonlFile | HFDiskWriter]:
+        return [*self.arrow.values(), *self.jsonl.values()]
 
 
 class SpecForgeSink(Sink):
@@ -261,8 +285,11 @@ class SpecForgeSink(Sink):
                 f"(round_trip.jsonl says which); pretokenized.jsonl keeps all; {names}"]
 
     def close(self) -> list[Path]:
+        return [f.close() for f in self._files()]
+
+    def _files(self) -> list[JsonlFile]:
         groups = (self.pretok, self.convs, self.text, self.checks)
-        return [f.close() for files in groups for f in files.values()]
+        return [f for files in groups for f in files.values()]
 
 
 class TrajectorySink(Sink):
@@ -276,7 +303,10 @@ class TrajectorySink(Sink):
         self.files[split].write([trajectory_row(r, self.run_sampling) for r in rows])
 
     def close(self) -> list[Path]:
-        return [f.close() for f in self.files.values()]
+        return [f.close() for f in self._files()]
+
+    def _files(self) -> list[JsonlFile]:
+        return list(self.files.values())
 
 
 class ParquetSink(Sink):
@@ -295,3 +325,8 @@ class ParquetSink(Sink):
         for w in self.writers.values():
             w.close()
         return list(self.paths.values())
+
+    def abort(self) -> None:
+        for w in self.writers.values():
+            with contextlib.suppress(Exception):
+                w.close()

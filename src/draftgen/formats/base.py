@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from draftgen.errors import DraftgenError
+from draftgen.formats.agreement import text_problems
 from draftgen.tokenize import Tokenizer, last_logprob_id, logprob_ids
 from draftgen.types import Message, Prompt, RawAnswer, Rebuilt, TokenCheck, Tool
 
@@ -30,6 +31,9 @@ WHITESPACE_UNCERTAIN = "whitespace_uncertain"
 LOGPROBS_INCOMPLETE = "logprobs_incomplete"
 IDS_FROM_LOGPROBS = "ids_from_logprobs"
 STOP_TOKEN_APPENDED = "stop_token_appended"
+ENGINE_IDS_NOT_TEXT = "engine_ids_not_text"
+"""The engine sent token IDs and text, and the IDs decode to another text: they are not the
+answer's (however in range), so its IDs are rebuilt from the text and it is not `exact`."""
 CHOSEN_BY_LENGTH = "layout_chosen_by_length"
 UNCERTAIN_SUFFIX = "_uncertain"
 """Flags ending with this name a layout detail the text cannot settle (`whitespace_uncertain`,
@@ -220,14 +224,19 @@ class Format(ABC):
         out: list[Rebuilt | None] = [None] * len(answers)
         pending: list[tuple[int, AnswerText, RawAnswer]] = []
         for i, raw in enumerate(answers):
-            if raw.output_ids is not None:
-                out[i] = self._from_native(raw)
+            native = self._from_native(raw) if raw.output_ids is not None else None
+            if native is not None:
+                out[i] = native
                 continue
             text = self.answer_in_context(raw, prompts[i] if prompts is not None else None)
+            if raw.output_ids is not None:
+                text.flags.append(ENGINE_IDS_NOT_TEXT)
             if raw.logprobs:
                 ids = self._ids_from_logprobs(raw, text)
                 if ids is not None:
                     out[i] = self._from_logprobs(raw, ids)
+                    if raw.output_ids is not None:
+                        out[i].flags.append(ENGINE_IDS_NOT_TEXT)
                     continue
                 text.flags.append(LOGPROBS_INCOMPLETE)
             pending.append((i, text, raw))
@@ -339,7 +348,9 @@ class Format(ABC):
             flags=[*flags, *self._stray_special_tokens(raw)],
         )
 
-    def _from_native(self, raw: RawAnswer) -> Rebuilt:
+    def _from_native(self, raw: RawAnswer) -> Rebuilt | None:
+        """The engine's IDs, where they are the answer's: None where the engine sent text
+        too and the IDs decode to another (`ids_are_text`)."""
         ids = list(raw.output_ids or [])
         flags: list[str] = []
         stop_ids = {self.tokenizer.token_to_id(t) for t in self.stop_tokens} - {None}
@@ -355,6 +366,8 @@ class Format(ABC):
         if reasoning is None and content is None:
             parsed = self.parse_answer_text(self.tokenizer.text_of(ids))
             reasoning, content, tool_calls = parsed.reasoning, parsed.content, parsed.tool_calls
+        elif not self.ids_are_text(ids, raw):
+            return None
         return Rebuilt(
             output_ids=ids,
             token_source="native",
@@ -364,6 +377,23 @@ class Format(ABC):
             tool_calls=tool_calls,
             flags=flags,
         )
+
+    def ids_are_text(self, ids: list[int], raw: RawAnswer) -> bool:
+        """Whether `ids` decode to the answer's text fields, as the audit checks a record
+        (`agreement.text_problems`); reasoning left in the content is split off first."""
+        try:
+            parsed = self.parse_answer_text(self.tokenizer.text_of(ids))
+        except (FormatError, KeyError, ValueError):
+            return False
+        cut_off = not answer_finished(raw)
+        sent = ParsedAnswer(raw.reasoning, raw.content, raw.tool_calls, True)
+        if not text_problems(parsed, sent, [], cut_off):
+            return True
+        if raw.reasoning is None and raw.content:
+            split = self.parse_answer_text(raw.content)
+            sent = ParsedAnswer(split.reasoning, split.content, raw.tool_calls, True)
+            return not text_problems(parsed, sent, [], cut_off)
+        return False
 
     def _stray_special_tokens(self, raw: RawAnswer) -> list[str]:
         """A stop, turn or end-of-reasoning token inside the text fields is a defect to flag."""

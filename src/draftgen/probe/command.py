@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from draftgen.backends import Backend, make_backend
+from draftgen.backends.base import share_answer_bytes
 from draftgen.backends.managed_llamacpp import ManagedServers
 from draftgen.config import ConfigError, RunConfig
 from draftgen.errors import DraftgenError
@@ -48,6 +49,9 @@ async def probe_config(cfg: RunConfig, fmt: Format, opts: ProbeOptions) -> list[
     async with ManagedServers(cfg.backends, run_dir=cfg.output_dir,
                               max_tokens=opts.max_tokens) as configs:
         backends: list[Backend] = [make_backend(b, cfg.model, cfg.sampling) for b in configs]
+        share_answer_bytes(backends)
+        for backend in backends:
+            backend.use_vocabulary(fmt.tokenizer)
         try:
             for b in backends:
                 await b.start()
@@ -94,17 +98,25 @@ async def probe_until_stopped(cfg: RunConfig, fmt: Format, opts: ProbeOptions
                 loop.remove_signal_handler(sig)
 
 
-def save_results(cfg: RunConfig, results: Sequence[BackendProbe]) -> str | None:
-    """Record the results in the run folder's run.json, for the run to reuse; a note when it
-    could not (a run is live on the folder)."""
+def save_results(cfg: RunConfig, results: Sequence[BackendProbe], keep: bool = True
+                 ) -> str | None:
+    """Record the results in the run folder's run.json, for the run to reuse (`keep`), and
+    what they cost, which every later session counts against budget.usd (also when the
+    results are not kept, where the folder exists); a note when it could not (a run is live
+    on the folder)."""
     layout = RunLayout(Path(cfg.output_dir))
+    spent = sum(r.cost_usd for r in results if not r.cached)
+    if not keep and not (spent and layout.run_json.exists()):
+        return None
     lock = RunLock(layout.lock)
     try:
         lock.acquire()
     except RunLocked as e:
         return f"not recorded in run.json: {e}"
     try:
-        record_probe(layout.run_json, {r.backend: r.as_dict() for r in results})
+        record_probe(layout.run_json,
+                     {r.backend: r.as_dict() for r in results} if keep else {},
+                     command_usd=spent)
     finally:
         lock.release()
     return None

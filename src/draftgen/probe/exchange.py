@@ -20,6 +20,7 @@ import orjson
 from draftgen.backends import Backend
 from draftgen.backends.base import (
     ReadCount,
+    check_answer_text,
     check_engine_ids,
     error_from_http,
     transport_error,
@@ -170,11 +171,12 @@ async def _once(backend: Backend, req: ProbeRequest, max_tokens: int
     answers in flight, the engine's IDs checked."""
     wire: WireFields | None = None
     if isinstance(backend, OpenAIChatBackend):
-        with backend.answer_bytes.holding():
+        with backend.holding_answer(max_tokens, len(req.input_ids)):
             try:
                 raw, wire = await _chat_once(backend, req, max_tokens)
             except BackendError as e:
                 raise without_frames(e) from None
+        check_answer_text(raw, max_tokens, backend.longest_token_bytes)
     else:
         raw = await backend.send(req.prompt, req.input_ids, max_tokens)
     check_engine_ids(raw, req.vocab_size, max_tokens)

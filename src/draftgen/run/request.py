@@ -7,14 +7,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from draftgen.backends import Backend
-from draftgen.backends.base import ON_GENERATION_ID, REQUEST_SAMPLING
+from draftgen.backends.base import (
+    ON_GENERATION_ID,
+    REQUEST_SAMPLING,
+    past_max_tokens,
+    rebuilt_length_problem,
+)
 from draftgen.budget import (
+    IMPLAUSIBLE_RATIO,
+    LEARNING_MARGIN,
+    REPORT_IMPLAUSIBLE,
     REPORT_REFUSED,
     Ledger,
     PriceWatch,
@@ -85,6 +96,8 @@ class Requests:
         when the session ends (store.rescue)."""
         self.refused_reports = 0
         """Answers and billed failures whose reported cost was no cost (`counted_cost`)."""
+        self.implausible_reports = 0
+        """Answers and billed failures whose reported cost no request could have."""
         self._rebuild = OffLoopBatcher(
             self._rebuild_batch, max_batch=128,
             in_thread=lambda: plan.tokenizer.batches_gain_from_a_thread)
@@ -92,15 +105,22 @@ class Requests:
     def _rebuild_batch(self, items: list[tuple[RawAnswer, Prompt]]) -> list[Rebuilt]:
         return self.plan.fmt.rebuild_batch([raw for raw, _ in items], [p for _, p in items])
 
-    async def _rebuilt(self, raw: RawAnswer, prompt: Prompt) -> Rebuilt:
+    async def _rebuilt(self, raw: RawAnswer, prompt: Prompt, max_tokens: int) -> Rebuilt:
         """The answer's token IDs; an answer the model format cannot lay out is a bad answer
-        (a failed request, billed), not a bug."""
+        (a failed request, billed), not a bug, and so is one whose IDs rebuilt from its text
+        are more than its `max_tokens` allow (`rebuilt_length_problem`)."""
         try:
-            return await self._rebuild((raw, prompt))
+            rebuilt = await self._rebuild((raw, prompt))
         except FormatError as e:
             raise BackendError("bad_response", f"the answer does not fit model format "
                                f"{self.plan.fmt.name!r}: {e}", retryable=False,
                                usage=raw.usage) from None
+        problem = rebuilt_length_problem(len(rebuilt.output_ids), max_tokens)
+        if problem is not None:
+            counted = max(raw.usage.completion_tokens or 0, len(rebuilt.output_ids))
+            raise past_max_tokens(f"the answer's text is {problem}",
+                                  msgspec.structs.replace(raw.usage, completion_tokens=counted))
+        return rebuilt
 
     async def answer(self, item: Pending, backend: Backend, max_tokens: int,
                      reservation: Reservation) -> None:
@@ -130,11 +150,11 @@ class Requests:
                 on_error=lambda e: self._on_attempt_error(e, backend, reservation, attempts,
                                                           counters),
                 stop=self.state.stopping)
-            await self._learn_bills(backend, attempts, counters)
-            rebuilt = await self._rebuilt(raw, prompt)
+            await self._learn_bills(backend, attempts, reservation, len(input_ids), counters)
+            rebuilt = await self._rebuilt(raw, prompt, max_tokens)
             cost, source = self._cost(
                 backend, raw.usage.cost, raw.usage.prompt_tokens or len(input_ids),
-                raw.usage.completion_tokens or len(rebuilt.output_ids), reservation.worst_usd)
+                raw.usage.completion_tokens or len(rebuilt.output_ids), reservation)
             record = make_record(prompt, input_ids, raw, rebuilt, backend, cost + attempts.usd,
                                  time.monotonic() - started, retries, cost_source=source,
                                  session=self.session)
@@ -149,7 +169,7 @@ class Requests:
             if conversation is not None and answer is not None:
                 self._next_turn(conversation, answer, record, counters)
         except BackendError as e:
-            await self._learn_bills(backend, attempts, counters)
+            await self._learn_bills(backend, attempts, reservation, len(input_ids), counters)
             self.ledger.settle(reservation, 0, 0.0)  # its billed attempts are charged already
             settled = True
             self._on_failure(item, backend, e, counters, attempts.usd)
@@ -197,42 +217,65 @@ class Requests:
             self.requeue(Pending.next_turn(conversation))
 
     def _cost(self, backend: Backend, reported: float | None, prompt_tokens: int,
-              completion_tokens: int, worst: float) -> tuple[float, str]:
+              completion_tokens: int, reservation: Reservation) -> tuple[float, str]:
         """What the answer counts for, never less than the backend reported nor than its price
         (`budget.counted_cost`), and where the figure comes from; what it cost beside its
-        price raises the price the backend's reservations use."""
+        price raises the price the backend's reservations use. A report that is no cost
+        holds the backend's requests with the margin again; one no request could cost takes
+        the backend out of the session."""
         watch = self.prices.get(backend.name)
         priced = watch.cost(prompt_tokens, completion_tokens) if watch else None
-        cost, source = counted_cost(reported, priced, worst)
+        most = self._most_plausible(watch, prompt_tokens, reservation)
+        cost, source = counted_cost(reported, priced, reservation.worst_usd, most)
         if source == REPORT_REFUSED:
             if not self.refused_reports:
-                log.warning("%s reported usage.cost %r, which is no cost: counted at the "
-                            "request's worst case $%.6f (cost_source %r; status counts them)",
+                log.warning("%s reported usage.cost %r, which is no cost: what it charges is "
+                            "not known, its requests are held with the margin again and this "
+                            "one is counted at $%.6f (cost_source %r; status counts them)",
                             backend.name, reported, cost, REPORT_REFUSED)
             self.refused_reports += 1
+        elif source == REPORT_IMPLAUSIBLE:
+            self.implausible_reports += 1
+            if self.slots is not None:
+                self.slots.disable(backend, f"it reported usage.cost {reported!r}, over "
+                                   f"{IMPLAUSIBLE_RATIO:g}x what the request could cost "
+                                   f"(${most:.6f}): counted at ${cost:.6f} (cost_source "
+                                   f"{REPORT_IMPLAUSIBLE!r}); check the provider's bill")
         if watch is not None:
-            self._watch_price(backend, watch, reported, priced, prompt_tokens + completion_tokens)
+            self._watch_price(backend, watch, reported, priced, prompt_tokens + completion_tokens,
+                              most)
         return cost, source
 
+    @staticmethod
+    def _most_plausible(watch: PriceWatch | None, prompt_tokens: int,
+                        reservation: Reservation) -> float:
+        if watch is None:
+            return math.inf
+        return watch.most_plausible(prompt_tokens, reservation.tokens)
+
     def _watch_price(self, backend: Backend, watch: PriceWatch, reported: float | None,
-                     priced: float | None, tokens: int) -> None:
+                     priced: float | None, tokens: int, most: float) -> None:
         free_before = watch.reported_over_free
-        if watch.observe(reported, priced, tokens):
+        unreadable_before = watch.unreadable
+        if watch.observe(reported, priced, tokens, most):
             self.ledger.reprice(backend.name, watch.ratio)
             log.warning("%s charges %.3gx its price: its requests are reserved at that from "
                         "now on", backend.name, watch.ratio)
+        if watch.unreadable and not unreadable_before:
+            self.ledger.hold_unknown(backend.name)
         if watch.reported_over_free and not free_before:
             log.warning("%s is priced 0 (paid: false) but its answers report a cost ($%.6f): "
                         "counted, and its requests reserved at it from now on",
                         backend.name, reported)
 
-    def _billed(self, backend: Backend, e: BackendError, worst_usd: float) -> float:
+    def _billed(self, backend: Backend, e: BackendError, reservation: Reservation) -> float:
         """What a failed attempt may have cost: its usage where the error carries it; its worst
         case where the endpoint accepted it and its answer could not be read."""
+        least = reservation.worst_usd * LEARNING_MARGIN if e.past_max_tokens else 0.0
         if e.usage is not None:
-            return self._cost(backend, e.usage.cost, e.usage.prompt_tokens or 0,
-                              e.usage.completion_tokens or 0, worst_usd)[0]
-        return worst_usd if e.billed_unknown else 0.0
+            return max(least, self._cost(backend, e.usage.cost, e.usage.prompt_tokens or 0,
+                                         e.usage.completion_tokens or 0, reservation)[0])
+        return max(least, reservation.worst_usd) if e.billed_unknown else 0.0
 
     def _on_generation_id(self, prompt: Prompt, attempts: BilledAttempts, gen: str) -> None:
         attempts.gen = gen
@@ -244,7 +287,7 @@ class Requests:
         No retry once the budget cannot hold the request's reservation beside what it spent."""
         assert self.slots is not None
         self.slots.note_result(backend, failed=e.retryable)
-        billed = self._billed(backend, e, reservation.worst_usd)
+        billed = self._billed(backend, e, reservation)
         gen, attempts.gen = attempts.gen, None
         if not billed:
             return
@@ -257,14 +300,16 @@ class Requests:
             e.message += " (not retried: budget.usd cannot take another attempt)"
 
     async def _learn_bills(self, backend: Backend, attempts: BilledAttempts,
+                           reservation: Reservation, prompt_tokens: int,
                            counters: DatasetCounters) -> None:
         """Attempts counted at their worst case (answers that could not be read): where the
         endpoint tells what it billed (OpenRouter's generation lookup, ASK_BILL_S at most),
         that bill replaces the worst case (`budget.lookup_cost`)."""
+        most = self._most_plausible(self.prices.get(backend.name), prompt_tokens, reservation)
         for gen, counted in attempts.unknown:
             try:
                 billed = lookup_cost(await asyncio.wait_for(backend.billed_usd(gen), ASK_BILL_S),
-                                     counted)
+                                     counted, most)
             except TimeoutError:
                 continue
             self.ledger.correct(counted, billed)

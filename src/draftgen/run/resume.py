@@ -260,7 +260,8 @@ class ResumeScan:
         (aborted, or in flight at a kill): counted as spent. A killed session's share is read
         from the journal (its requests sent and never ended, less those whose answer is on
         disk), each at its bill where the endpoint told it (`ask_bills`), else at its worst
-        case, and kept in run.json. Earlier sessions' probe requests count too."""
+        case, and kept in run.json. Earlier sessions' probe requests count too, and what
+        `draftgen probe` commands spent."""
         path = self.store.layout.run_json
         if killed is not None:
             index, left_open = killed
@@ -274,8 +275,9 @@ class ResumeScan:
                             "billed, counted at their worst case; $%.4f in all counted against "
                             "budget.usd", sum(r.usd > 0 for r in open_), index, len(known),
                             sum(known), usd)
-        sessions = read_run_info(path).sessions
-        return sum(s.unknown_bills_usd + s.probe_spent_usd for s in sessions[:self.session])
+        info = read_run_info(path)
+        return info.probe_commands_usd + sum(s.unknown_bills_usd + s.probe_spent_usd
+                                             for s in info.sessions[:self.session])
 
     def _queue_of(self, table: PromptTable, done: DoneIds, on_disk: DatasetOnDisk,
                   counters: DatasetCounters) -> deque[Pending]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 from collections import deque
@@ -23,14 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.backends import Backend, BackendNotReady, make_backend
+from draftgen.backends.base import share_answer_bytes
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
 from draftgen.budget import (
+    IMPLAUSIBLE_RATIO,
     BudgetPool,
     PriceWatch,
     budget_for,
     counted_cost,
     learning_hold,
     refuse_impossible_rate,
+    refuse_unaffordable_answer,
     too_small,
 )
 from draftgen.config import ConfigError
@@ -217,11 +221,12 @@ class Runner:
         for result in gate.results:
             watch = self.prices.get(result.backend)
             each = sum(worst.get(result.backend, ())) / max(1, len(result.answers))
+            most = IMPLAUSIBLE_RATIO * each if each else math.inf
             for a in result.answers:
                 if not result.cached:
-                    spent += counted_cost(a.reported_usd, a.priced_usd, each)[0]
+                    spent += counted_cost(a.reported_usd, a.priced_usd, each, most)[0]
                 if watch is not None:
-                    watch.observe(a.reported_usd, a.priced_usd, a.billed_tokens)
+                    watch.observe(a.reported_usd, a.priced_usd, a.billed_tokens, most)
         return spent
 
     def _count_probe_spend(self, hold: ProbeHold, usd: float) -> None:
@@ -246,6 +251,7 @@ class Runner:
         outcome = Outcome("failed", "interrupted")
         started = False
         try:
+            self.store.refuse_links(d.name for d in self.cfg.datasets)
             recover_run_json(self.store.layout.run_json)
             tokenizer = {"path": str(self.plan.tokenizer.path),
                          "sha256": self.plan.tokenizer.sha256}
@@ -290,6 +296,7 @@ class Runner:
             async with ManagedServers(self.cfg.backends, run_dir=self.root,
                                       max_tokens=self.cfg.sampling.max_tokens) as configs:
                 backends = [make_backend(b, self.cfg.model, self.cfg.sampling) for b in configs]
+                share_answer_bytes(backends)
                 for backend in backends:
                     backend.use_vocabulary(self.plan.tokenizer)
                 await self._run_with(backends)
@@ -342,6 +349,7 @@ class Runner:
             await b.start()
         await self._resolve_prices(backends)
         refuse_impossible_rate(self.cfg, self.prices, self.ledger.usd_per_minute)
+        refuse_unaffordable_answer(self.cfg, self.prices, self.ledger.min_request_tokens)
         return await self._probe_gate(backends)
 
     def _outcome(self) -> Outcome:
@@ -421,6 +429,8 @@ class Runner:
                 "unsettled_usd": round(requests.unsettled_usd, 6),
                 **({"cost_reports_refused": requests.refused_reports}
                    if requests.refused_reports else {}),
+                **({"cost_reports_implausible": requests.implausible_reports}
+                   if requests.implausible_reports else {}),
                 **({"rescued": len(requests.parked), "rescue_file": str(self._rescue_file)}
                    if requests.parked else {})}
 

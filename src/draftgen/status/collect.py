@@ -136,6 +136,7 @@ def _sharded_status(run: Run, now: float) -> RunStatus:
                                                                         strict=True)],
         unsettled_usd=sum(st.unsettled_usd for st in statuses),
         cost_reports_refused=sum(st.cost_reports_refused for st in statuses),
+        cost_reports_implausible=sum(st.cost_reports_implausible for st in statuses),
         probe_usd=sum(st.probe_usd for st in statuses),
         changed_prompts=sum(st.changed_prompts for st in statuses),
         rescued=sum(st.rescued for st in statuses),

@@ -174,8 +174,12 @@ class RunStatus:
     cost_reports_refused: int = 0
     """Answers and billed failures whose reported cost was no cost (NaN, negative, not a
     number: counted at their worst case), as the sessions recorded them."""
+    cost_reports_implausible: int = 0
+    """Answers and billed failures whose reported cost no request could have (over
+    `budget.IMPLAUSIBLE_RATIO` times its worst case: counted capped, the backend taken out)."""
     probe_usd: float = 0.0
-    """What the sessions' probe requests counted for against budget.usd."""
+    """What the sessions' probe requests and `draftgen probe` commands counted for against
+    budget.usd."""
     changed_prompts: int = 0
     """Answered prompts whose dataset row changed under the same ID, as the last session
     found them (and left in place unless it re-asked them)."""
@@ -197,6 +201,7 @@ class RunStatus:
             "in_flight_worst_usd": round(self.journal.open_usd, 6),
             "unsettled_usd": round(self.unsettled_usd, 6),
             "cost_reports_refused": self.cost_reports_refused,
+            "cost_reports_implausible": self.cost_reports_implausible,
             "probe_usd": round(self.probe_usd, 8),
             "changed_prompts": self.changed_prompts,
             "rescued": self.rescued,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from draftgen.budget.pricing import IMPLAUSIBLE_RATIO
 from draftgen.status.model import RunStatus
 from draftgen.store.journal import JournalTail
 from draftgen.store.shards import RunPart
@@ -87,6 +88,12 @@ def _spend_notes(st: RunStatus) -> list[str]:
         notes.append(f"{st.cost_reports_refused:,} answers or billed failures reported a cost "
                      "that is no cost (negative, not a number): counted at their worst case "
                      "(cost_source worst_case_report_refused)")
+    if st.cost_reports_implausible:
+        notes.append(f"{st.cost_reports_implausible:,} answers or billed failures reported a "
+                     f"cost no request could have (over {IMPLAUSIBLE_RATIO:g}x its worst case): "
+                     "counted at their worst case with the margin, the backend taken out of "
+                     "its session (cost_source worst_case_report_implausible); check the "
+                     "provider's bill")
     if st.changed_prompts:
         notes.append(f"{st.changed_prompts:,} answered prompts changed in their dataset since "
                      "they were answered (same ID, other content): counted as done; `draftgen "

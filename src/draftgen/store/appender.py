@@ -17,12 +17,9 @@ from typing import Any
 
 import orjson
 
-from draftgen.errors import DraftgenError
+from draftgen.store.nofollow import StoreError, make_folders, open_fd
 
-
-class StoreError(DraftgenError):
-    """The run folder cannot be written (disk full, permissions). Nothing written is lost."""
-
+__all__ = ["JsonlAppender", "StoreError"]
 
 _syncer: ThreadPoolExecutor | None = None
 _syncer_lock = threading.Lock()
@@ -37,11 +34,14 @@ def _background() -> ThreadPoolExecutor:
 
 
 class JsonlAppender:
-    def __init__(self, path: Path, fsync_interval_s: float = 1.0) -> None:
+    def __init__(self, path: Path, fsync_interval_s: float = 1.0, *,
+                 root: Path | None = None) -> None:
+        """`root`: the run folder, whose folders down to the file may not be links (the file
+        itself never may: `store.nofollow`)."""
         self.path = path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            make_folders(path.parent, root)
+            self._fd = open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, root=root)
         except OSError as e:
             raise StoreError(f"{path}: cannot open for writing: {e.strerror}") from None
         self._size = os.fstat(self._fd).st_size

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from draftgen.store.index_entry import IndexEntry
+from draftgen.store.nofollow import dataset_run, open_file, truncate
 
 ROW = np.dtype([
     ("end", "<i8"), ("iend", "<i8"), ("idh", "<u8"), ("t", "<f8"), ("cost", "<f8"),
@@ -106,7 +107,7 @@ def read_rows(path: Path) -> np.ndarray:
 def write_rows(path: Path, rows: np.ndarray) -> None:
     """Replace the file atomically."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with open_file(tmp, "wb", root=dataset_run(path)) as f:
         rows.tofile(f)
     os.replace(tmp, path)
 
@@ -116,12 +117,12 @@ def keep_rows(path: Path, count: int) -> None:
     holds exactly those."""
     size = count * ROW.itemsize
     if (path.stat().st_size if path.exists() else 0) != size:
-        os.truncate(path, size)
+        truncate(path, size, root=dataset_run(path))
 
 
 def append_rows(path: Path, rows: np.ndarray) -> None:
     if len(rows):
-        with open(path, "ab") as f:
+        with open_file(path, "ab", root=dataset_run(path)) as f:
             f.write(rows.tobytes())
 
 

@@ -19,6 +19,7 @@ import orjson
 from draftgen.store.columns import ROW, id_hash, read_rows, sync_columns
 from draftgen.store.index_entry import IndexEntry, entry_for
 from draftgen.store.layout import COLUMNS
+from draftgen.store.nofollow import dataset_run, open_file, truncate
 
 log = logging.getLogger("draftgen.store")
 
@@ -136,7 +137,7 @@ def read_span(path: Path, start: int, stop: int) -> bytes:
 def cut_index(index_path: Path, size: int) -> None:
     """Cut the index file to its first `size` bytes (no-op when it has exactly that many)."""
     if _index_size(index_path) != size:
-        os.truncate(index_path, size)
+        truncate(index_path, size, root=dataset_run(index_path))
 
 
 def _index_size(index_path: Path) -> int:
@@ -211,7 +212,7 @@ def append_entries(index_path: Path, entries: list[IndexEntry]) -> list[int]:
     if not entries:
         return []
     lines = [e.to_json() for e in entries]
-    with open(index_path, "ab") as f:
+    with open_file(index_path, "ab", root=dataset_run(index_path)) as f:
         start = f.tell()
         f.write(b"".join(lines))
     return _line_ends(lines, start)
@@ -220,7 +221,8 @@ def append_entries(index_path: Path, entries: list[IndexEntry]) -> list[int]:
 def _rewrite(index_path: Path, entries: list[IndexEntry]) -> list[int]:
     lines = [e.to_json() for e in entries]
     tmp = index_path.with_suffix(".tmp")
-    tmp.write_bytes(b"".join(lines))
+    with open_file(tmp, "wb", root=dataset_run(index_path)) as f:
+        f.write(b"".join(lines))
     os.replace(tmp, index_path)
     return _line_ends(lines, 0)
 

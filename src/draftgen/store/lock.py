@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from draftgen.errors import DraftgenError
-from draftgen.store.appender import StoreError
+from draftgen.store.nofollow import StoreError, make_folders, open_fd
 
 
 class RunLocked(DraftgenError):
@@ -22,11 +22,12 @@ class RunLocked(DraftgenError):
 
 
 def open_lock_file(path: Path, what: str) -> int:
-    """Open (creating it and its folders) a lock file in a run folder. An output_dir that is a
-    file, or lies under one, is named as such instead of as an OS error."""
+    """Open (creating it and its folders) a lock file in a run folder (never through a link:
+    `store.nofollow`). An output_dir that is a file, or lies under one, is named as such
+    instead of as an OS error."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        make_folders(path.parent)
+        return open_fd(path, os.O_RDWR | os.O_CREAT)
     except (FileExistsError, NotADirectoryError):
         in_the_way = next((p for p in (path.parent, *path.parent.parents)
                            if p.exists() and not p.is_dir()), path.parent)

@@ -10,8 +10,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from draftgen.store.appender import StoreError
 from draftgen.store.atomic import replace_file
+from draftgen.store.nofollow import StoreError, make_folders, open_fd
 
 POOL_FILE = "budget_pool.json"
 POOL_LOCK = "budget_pool.lock"
@@ -46,8 +46,8 @@ class PoolFile:
         """Held by one process at a time (shards on one machine, or on a shared filesystem
         whose locks work)."""
         try:
-            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            make_folders(self.lock_path.parent)
+            fd = open_fd(self.lock_path, os.O_RDWR | os.O_CREAT)
         except OSError as e:
             raise PoolError(f"{self.lock_path}: cannot open: {e.strerror}") from None
         try:

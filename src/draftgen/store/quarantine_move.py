@@ -2,18 +2,21 @@
 audit --quarantine`: the audit decides which lines fail), so that the next `draftgen run` (which
 counts as done only what responses.jsonl holds) generates them again.
 
-No answer is ever lost, whatever moment a kill lands at: the kept lines are written to a temp
-file and fsynced, the moved ones are appended to quarantine.jsonl and fsynced, the index is
+No answer is ever lost, whatever moment a kill lands at: the moved lines are appended to
+quarantine.jsonl and fsynced, the kept ones are written to a temp file and fsynced, the index is
 removed, and only then does the temp file replace responses.jsonl (one rename); the index is
 rebuilt last. A kill before the rename leaves every answer in responses.jsonl (some perhaps also
 in quarantine.jsonl: moving them again does not copy them twice); after it, each answer is in
 exactly one of the two files. A missing index is rebuilt from the data by the next reader.
-The caller holds the folder's lock throughout (`locked`).
+A full disk (any OSError) before the rename is a `QuarantineStopped` (the temp file removed,
+the state that of a kill: the next quarantine finishes); after it, the index is left to be
+rebuilt. The caller holds the folder's lock throughout (`locked`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -25,21 +28,28 @@ import msgspec
 import numpy as np
 import orjson
 
-from draftgen.errors import DraftgenError
+from draftgen.errors import DraftgenError, os_reason
 from draftgen.store.appender import StoreError
 from draftgen.store.index import read_index, rewrite_index
 from draftgen.store.index_entry import IndexEntry
-from draftgen.store.layout import RunLayout
+from draftgen.store.layout import QUARANTINE, RunLayout
 from draftgen.store.lock import RunLock, RunLocked, lock_holder
+from draftgen.store.nofollow import open_file
 from draftgen.store.prompt_refs import LineReader
 from draftgen.store.record import Record, RecordError, decode_line, encode_line, encode_record
 from draftgen.store.scan import cut_torn_tail
 
 _COPY = 1 << 22
+log = logging.getLogger("draftgen.store")
 
 
 class QuarantineError(DraftgenError):
     """Quarantine refused (a live run, files changed since the audit); nothing was moved."""
+
+
+class QuarantineStopped(QuarantineError):
+    """A move stopped part way (a full disk): no answer lost, some perhaps in both files until
+    the quarantine is run again (`move_lines`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,49 +113,96 @@ def check_unchanged(folder: Path, dataset: str, snapshot_size: int,
 def move_lines(folder: Path, dataset: str, lines: Sequence[MovedLine]) -> tuple[int, int]:
     """Move the lines (in file order) to quarantine.jsonl, each with its problems and the time;
     how many were moved, and how many of those quarantine.jsonl already held (from an
-    interrupted move)."""
+    interrupted move). QuarantineStopped where the folder cannot be written (a full disk)
+    before responses.jsonl is replaced: every answer is still in it, those appended to
+    quarantine.jsonl so far also there, and moving them again finishes."""
     layout = RunLayout(folder)
+    path = layout.responses(dataset)
+    tmp = path.with_name(path.name + ".quarantine.tmp")
+    try:
+        new_entries, already = _write_moved_and_kept(layout, dataset, lines, tmp)
+        for p in (layout.index(dataset), layout.columns(dataset)):
+            p.unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)  # what it holds is in responses.jsonl
+        raise QuarantineStopped(
+            f"{e.filename or folder}: {os_reason(e)}; {path} is as it was (the answers moved "
+            f"so far are in {QUARANTINE} too, and are not copied twice by the next move)"
+        ) from None
+    try:
+        _fsync_dir(path.parent)
+        rewrite_index(layout.index(dataset), new_entries)
+    except OSError as e:  # moved: a missing index is rebuilt from the data by its next reader
+        _remove_index(layout, dataset)
+        log.warning("%s: %s; the answers are moved, the index is rebuilt by the next draftgen "
+                    "run", e.filename or folder, os_reason(e))
+    return len(lines), already
+
+
+def _write_moved_and_kept(layout: RunLayout, dataset: str, lines: Sequence[MovedLine],
+                          tmp: Path) -> tuple[list[IndexEntry], int]:
+    """Append the moved lines to quarantine.jsonl, then write the kept ones to `tmp`, each
+    synced: the index entries of the kept lines, and how many moved lines quarantine.jsonl
+    already held."""
+    folder = layout.root
     path = layout.responses(dataset)
     qpath = layout.quarantine(dataset)
     entries, _ = read_index(layout.index(dataset), path, repair=False)
     # A kill inside an earlier quarantine's write leaves a partial last line: cut it (kept in
     # torn_tail.bin) so the lines appended now do not glue onto it. Its answer is still in
     # responses.jsonl (the rename had not happened) and is moved again below.
-    cut_torn_tail(qpath, layout.torn(dataset))
-    known = _known_keys(qpath)
-    tmp = path.with_name(path.name + ".quarantine.tmp")
-    now = time.time()
-    already = 0
-    with open(path, "rb") as src, open(tmp, "wb") as kept, open(qpath, "ab") as quar, \
-            LineReader(path) as reader:
+    cut_torn_tail(qpath, layout.torn(dataset), folder)
+    # responses.jsonl too is opened without following a link: it is replaced by `tmp`
+    with open_file(path, "rb", root=folder) as src, LineReader(path) as reader:
+        with open_file(qpath, "ab", root=folder) as quar:
+            already = _append_moved(src, quar, lines, reader, _known_keys(qpath))
+            _sync(quar)
         # Turns written as the turns they extend after the first moved line: copied line by
         # line, each pointed at its turn's new place; otherwise the bytes as they are.
         relines = _KeptLines(lines[0].start) if lines and _names_lines(src, lines[0].start) \
             else None
-        pos = 0
-        for moved in lines:
-            _copy_kept(src, kept, pos, moved.start, reader, relines)
-            src.seek(moved.start)
-            whole = _whole(reader, src.read(moved.end - moved.start), moved.start)
-            line, key = _quarantine_line(whole, moved.problems, now)
-            if key is None or key not in known:
-                quar.write(line)
-            else:
-                already += 1
-            pos = moved.end
-        _copy_kept(src, kept, pos, None, reader, relines)
-        for f in (kept, quar):
-            f.flush()
-            os.fsync(f.fileno())
+        with open_file(tmp, "wb", root=folder) as kept:
+            pos = 0
+            for moved in lines:
+                _copy_kept(src, kept, pos, moved.start, reader, relines)
+                pos = moved.end
+            _copy_kept(src, kept, pos, None, reader, relines)
+            _sync(kept)
     new_entries = (_shift(entries, [(m.start, m.end) for m in lines]) if relines is None
                    else _moved_entries(entries, relines))
-    for p in (layout.index(dataset), layout.columns(dataset)):
-        p.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    rewrite_index(layout.index(dataset), new_entries)
-    return len(lines), already
+    return new_entries, already
+
+
+def _append_moved(src: BinaryIO, quar: BinaryIO, lines: Sequence[MovedLine],
+                  reader: LineReader, known: set[tuple[Any, ...]]) -> int:
+    """Append each moved line that quarantine.jsonl does not hold yet; how many it held."""
+    now = time.time()
+    already = 0
+    for moved in lines:
+        src.seek(moved.start)
+        whole = _whole(reader, src.read(moved.end - moved.start), moved.start)
+        line, key = _quarantine_line(whole, moved.problems, now)
+        if key is None or key not in known:
+            quar.write(line)
+        else:
+            already += 1
+    return already
+
+
+def _sync(f: BinaryIO) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _remove_index(layout: RunLayout, dataset: str) -> None:
+    """The index files and their temporary files gone (a half-written index never stays)."""
+    index, columns = layout.index(dataset), layout.columns(dataset)
+    for p in (index, columns, index.with_suffix(".tmp"), columns.with_name(columns.name + ".tmp")):
+        with contextlib.suppress(OSError):
+            p.unlink(missing_ok=True)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -54,8 +54,8 @@ class Record(msgspec.Struct, kw_only=True, gc=False):
     `length_mismatch` (rebuilt, certainly not what was sampled), `unverifiable`."""
     flags: list[str]
     """What to audit: `whitespace_restored`, `special_token_in_content`, `ids_from_logprobs`,
-    `logprobs_incomplete`, `stop_token_appended`, `provider_excluded_by_config`,
-    `prompt_ids_differ_from_engine`, ..."""
+    `logprobs_incomplete`, `engine_ids_not_text`, `stop_token_appended`,
+    `provider_excluded_by_config`, `prompt_ids_differ_from_engine`, ..."""
     reasoning: str | None
     """The answer's reasoning as text."""
     content: str | None
@@ -81,8 +81,10 @@ class Record(msgspec.Struct, kw_only=True, gc=False):
     cost_source: str = "unknown"
     """`reported` (`usage.cost` at or above the price: believed), `priced` (none reported, or
     one below the price: usage times the backend's price), `worst_case_report_refused` (a
-    reported cost that is no cost: negative, not a number: counted at the request's worst case;
-    `draftgen status` counts them)."""
+    reported cost that is no cost: negative, not a number), `worst_case_report_implausible` (a
+    cost no request could have: over `budget.IMPLAUSIBLE_RATIO` times its worst case); the last
+    two count the request's worst case times `budget.LEARNING_MARGIN` (`draftgen status`
+    counts them)."""
     request_id: str | None = None
     """The generation ID (OpenRouter `X-Generation-Id`, SGLang `meta_info.id`)."""
     latency_s: float | None = None

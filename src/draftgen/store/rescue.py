@@ -17,9 +17,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftgen.store.appender import StoreError
 from draftgen.store.atomic import replace_file
 from draftgen.store.layout import RunLayout
+from draftgen.store.nofollow import StoreError, make_folders
 from draftgen.store.record import Record, RecordError, decode_record, encode_record
 
 RESCUE = ".rescue"
@@ -48,12 +48,15 @@ def write_rescue(layout: RunLayout, records: list[Record], name: str
     errors: list[str] = []
     for folder in rescue_folders(layout):
         path = folder / f"{name}{SUFFIX}"
+        root = layout.root if folder.parent == layout.root else None
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            replace_file(path, data, durable=True)
+            make_folders(folder, root)
+            replace_file(path, data, durable=True, root=root)
             return path, errors
         except OSError as e:
             errors.append(f"{folder}: {e.strerror or e}")
+        except StoreError as e:  # a link: refused, the next folder tried
+            errors.append(str(e))
     return None, errors
 
 

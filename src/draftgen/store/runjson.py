@@ -91,6 +91,7 @@ class Summary(msgspec.Struct, kw_only=True):
     unsettled_usd: float | None = None
     """Aborted requests at their worst case, answers no disk would take at their bill."""
     cost_reports_refused: int = 0
+    cost_reports_implausible: int = 0
     rescued: int = 0
     rescue_file: str | None = None
 
@@ -173,6 +174,13 @@ class StoredProbe(msgspec.Struct, kw_only=True):
     updated_at: float | None = None
     last_gate: dict[str, Any] | None = None
     """What the last run's probe decided: backends kept, dropped and why, spend."""
+    commands_usd: float | None = None
+    """What `draftgen probe` spent against this folder's backends, all such commands
+    together: counted by every session against budget.usd, as the sessions' own probes are."""
+
+    @property
+    def commands_spent_usd(self) -> float:
+        return as_usd(self.commands_usd)
 
 
 class RunInfo(msgspec.Struct, kw_only=True):
@@ -188,6 +196,11 @@ class RunInfo(msgspec.Struct, kw_only=True):
     probe: StoredProbe | None = None
     rebuilt_from: str | None = None
     """The name the damaged file was set aside under, in a rebuilt run.json."""
+
+    @property
+    def probe_commands_usd(self) -> float:
+        """What `draftgen probe` commands spent (`StoredProbe.commands_usd`)."""
+        return self.probe.commands_spent_usd if self.probe is not None else 0.0
 
     @property
     def recorded(self) -> bool:

@@ -19,10 +19,10 @@ from typing import Any
 import msgspec
 import orjson
 
-from draftgen.store.appender import StoreError
 from draftgen.store.atomic import replace_file
-from draftgen.store.journal import read_journal
+from draftgen.store.journal import as_usd, read_journal
 from draftgen.store.layout import JOURNAL
+from draftgen.store.nofollow import StoreError, make_folders, open_file
 from draftgen.store.runjson import (
     SETTINGS,
     TOKENIZERS,
@@ -95,7 +95,8 @@ def _set_aside(path: Path) -> Path:
     for n in range(1, 1000):
         aside = path.with_name(stem if n == 1 else f"{stem}-{n}")
         try:
-            os.link(path, aside)  # fails where the name is taken, unlike a rename
+            # fails where the name is taken, unlike a rename; a link is set aside as a link
+            os.link(path, aside, follow_symlinks=False)
         except FileExistsError:
             continue
         path.unlink()
@@ -176,20 +177,23 @@ def keep_tokenizer(root: Path, tokenizer: dict[str, Any]) -> Path | None:
         if hashlib.sha256(data).hexdigest() != sha:
             log.warning("%s: changed while the run started: no copy kept", src)
             return None
-        return _write_kept(root / TOKENIZERS, sha, data, src.parent)
+        return _write_kept(root, sha, data, src.parent)
     except OSError as e:
         log.warning("%s: cannot keep a copy of the tokenizer in the run folder (%s); audit and "
                     "export need the file unchanged at its path", src, e.strerror or e)
         return None
 
 
-def _write_kept(folder: Path, sha: str, data: bytes, beside: Path) -> Path:
-    """Write the copy in a folder of its own, renamed into place whole."""
+def _write_kept(root: Path, sha: str, data: bytes, beside: Path) -> Path:
+    """Write the copy in a folder of its own in RUN/TOKENIZERS, renamed into place whole."""
+    folder = root / TOKENIZERS
+    make_folders(folder, root)
     partial = folder / f".{sha}.{os.getpid()}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    partial.mkdir()
     try:
-        (partial / "tokenizer.json").write_bytes(data)
+        with open_file(partial / "tokenizer.json", "wb", root=root) as f:
+            f.write(data)
         for name in KEPT_BESIDE:
             if (beside / name).is_file():
                 shutil.copyfile(beside / name, partial / name)
@@ -259,9 +263,11 @@ def read_probe(path: Path) -> StoredProbe:
 
 
 def record_probe(path: Path, results: dict[str, dict[str, Any]],
-                 gate: dict[str, Any] | None = None) -> None:
+                 gate: dict[str, Any] | None = None, command_usd: float = 0.0) -> None:
     """Store probe results (one per backend, replacing that backend's older one) and, for a
-    run, what it decided (`gate`: backends kept, dropped and why, spend)."""
+    run, what it decided (`gate`: backends kept, dropped and why, spend). `command_usd`: what
+    a `draftgen probe` command spent, added to what such commands spent before (every later
+    session counts it against budget.usd)."""
     data = _read_or_rebuild(path)
     probe = data.get("probe") if isinstance(data.get("probe"), dict) else {}
     backends = probe.get("backends") if isinstance(probe.get("backends"), dict) else {}
@@ -270,6 +276,8 @@ def record_probe(path: Path, results: dict[str, dict[str, Any]],
     probe["updated_at"] = time.time()
     if gate is not None:
         probe["last_gate"] = gate
+    if command_usd:
+        probe["commands_usd"] = round(as_usd(probe.get("commands_usd")) + command_usd, 8)
     data["probe"] = probe
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)

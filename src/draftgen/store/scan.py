@@ -27,6 +27,7 @@ from draftgen.store.fast_index import catch_up_index, load_index_columns
 from draftgen.store.index import read_index
 from draftgen.store.journal import as_usd
 from draftgen.store.layout import RunLayout
+from draftgen.store.nofollow import open_file
 
 log = logging.getLogger("draftgen.store")
 
@@ -100,23 +101,24 @@ class DatasetOnDisk:
     """The done IDs were read from the binary copy (not the JSON index)."""
 
 
-def cut_torn_tail(path: Path, keep_in: Path) -> TornTail | None:
+def cut_torn_tail(path: Path, keep_in: Path, root: Path | None = None) -> TornTail | None:
     """If the file does not end with a newline, its last line was torn by a kill: move the
-    partial bytes to `keep_in` and cut the file at the last complete line."""
+    partial bytes to `keep_in` and cut the file at the last complete line. Neither file, nor a
+    folder below `root`, may be a link (`store.nofollow`)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return None
     if size == 0:
         return None
-    with open(path, "rb+") as f:
+    with open_file(path, "rb+", root=root) as f:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return None
         keep = _last_newline_end(f, size)
         f.seek(keep)
         partial = f.read()
-        with open(keep_in, "ab") as side:
+        with open_file(keep_in, "ab", root=root) as side:
             side.write(partial + b"\n")
         f.truncate(keep)
         f.flush()
@@ -241,8 +243,8 @@ def scan_dataset(layout: RunLayout, dataset: str) -> tuple[DatasetOnDisk, list[T
     """Make a dataset's files safe to append to, and read what they hold."""
     torn = [
         t for t in (
-            cut_torn_tail(layout.responses(dataset), layout.torn(dataset)),
-            cut_torn_tail(layout.failures(dataset), layout.torn(dataset)),
+            cut_torn_tail(layout.responses(dataset), layout.torn(dataset), layout.root),
+            cut_torn_tail(layout.failures(dataset), layout.torn(dataset), layout.root),
         ) if t
     ]
     for t in torn:

@@ -24,6 +24,7 @@ from draftgen.errors import DraftgenError
 from draftgen.store.columns import id_hash
 from draftgen.store.layout import SHARDS_DIR, RunLayout
 from draftgen.store.lock import RunLock, RunLocked, lock_holder, open_lock_file
+from draftgen.store.nofollow import refuse_linked_folders
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _FOLDER = re.compile(r"^(\d+)-of-(\d+)$")
@@ -213,6 +214,7 @@ def claim_run_folder(run_root: Path, shard: ShardSpec | None, lock: RunLock) -> 
     taking happen under an flock on output_dir/LAYOUT_GUARD, so that two runs starting at once
     cannot both pass it. Shards of one count run side by side, as they are meant to."""
     root = Path(run_root)
+    refuse_linked_folders(lock.path.parent, root)  # a shard's folder: the run's own
     guard = root / LAYOUT_GUARD
     fd = open_lock_file(guard, "the layout lock")
     try:

@@ -3,6 +3,7 @@ dataset file, opened on first use."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from draftgen.store.columns import row_bytes
 from draftgen.store.index import entry_for, sync_from_index
 from draftgen.store.journal import OpenTracker
 from draftgen.store.layout import TORN, RunLayout
+from draftgen.store.nofollow import refuse_link, refuse_linked_folders
 from draftgen.store.prompt_refs import PromptRefs
 from draftgen.store.record import Record
 from draftgen.store.scan import cut_torn_tail
@@ -31,10 +33,24 @@ class Store:
         """Requests journaled as sent and not yet ended; written out now and then (see
         `store.journal`) so that readers need not parse the whole journal."""
 
+    def refuse_links(self, datasets: Iterable[str]) -> None:
+        """LinkRefused naming the first file or folder of the run folder the store writes for
+        these datasets that is a symbolic link, before a session sends anything: each write
+        refuses one anyway (`store.nofollow`), but an answer paid for and then refused waits
+        in a rescue file."""
+        layout = self.layout
+        files = [layout.run_json, layout.lock, layout.journal, layout.root / TORN]
+        for dataset in datasets:
+            refuse_linked_folders(layout.dataset_dir(dataset), layout.root)
+            files += [layout.responses(dataset), layout.failures(dataset), layout.index(dataset),
+                      layout.columns(dataset), layout.torn(dataset)]
+        for path in files:
+            refuse_link(path)
+
     def _appender(self, path: Path) -> JsonlAppender:
         appender = self._appenders.get(path)
         if appender is None:
-            appender = JsonlAppender(path, self._fsync_interval)
+            appender = JsonlAppender(path, self._fsync_interval, root=self.layout.root)
             self._appenders[path] = appender
         return appender
 
@@ -95,7 +111,7 @@ class Store:
             path = self.layout.journal
             if path not in self._appenders:
                 try:
-                    cut_torn_tail(path, self.layout.root / TORN)
+                    cut_torn_tail(path, self.layout.root / TORN, self.layout.root)
                 except OSError as e:
                     raise StoreError(f"{path}: cannot repair: {e.strerror}") from None
             appender = self._named["journal", ""] = self._appender(path)

@@ -12,10 +12,8 @@ import hashlib
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
-
-import orjson
 
 from draftgen.errors import DraftgenError
 
@@ -44,6 +42,11 @@ def vocabulary_problem(ids: Sequence[object], vocab_size: int | None) -> str | N
 
 
 def _shown(value: object) -> str:
+    # Imported here, on this error path alone: scripts/gguf_to_hf.py imports this module in
+    # vLLM's venv, which has no orjson; what it imports of draftgen must run on the standard
+    # library and `tokenizers` (tests/test_gguf_to_hf.py checks it).
+    import orjson
+
     return orjson.dumps(value).decode()[:40] if value is None or isinstance(
         value, str | float | bool) else type(value).__name__
 
@@ -204,6 +207,12 @@ class Tokenizer(ABC):
         self._added_ids = sorted(added.values())
         self._bytes_to_id = table = build_bytes_to_id(base, added)
         return table
+
+    @cached_property
+    def longest_token_bytes(self) -> int:
+        """The longest spelling of a token, in bytes (128 for Qwen3): `max_tokens` of them are
+        the most text an answer can have."""
+        return max(map(len, self.bytes_to_id()), default=1)
 
     def id_to_bytes(self, token_id: int) -> bytes | None:
         """A vocabulary ID's bytes (the inverse of `bytes_to_id`), built once."""

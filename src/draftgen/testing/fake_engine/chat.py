@@ -17,6 +17,7 @@ from draftgen.testing.fake_engine.faults import (
     BAD_TOOL_CALLS,
     HUGE,
     HUGE_MARK,
+    SHIFTED_IDS,
     TOO_MANY_IDS,
     sent_ids,
 )
@@ -85,7 +86,8 @@ class ChatReply:
 
     @property
     def ids_fault(self) -> str | None:
-        return self.fault if self.fault in BAD_IDS or self.fault == TOO_MANY_IDS else None
+        return self.fault if self.fault in BAD_IDS or self.fault in (TOO_MANY_IDS, SHIFTED_IDS) \
+            else None
 
     def head(self, obj: str) -> Json:
         ctx = self.ctx
@@ -105,6 +107,7 @@ class ChatReply:
             comp.reasoning_tokens,
             self.config.price,
             self.config.reported_cost,
+            self.config.cost_as_text,
         )
 
     @property

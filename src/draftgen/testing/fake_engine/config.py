@@ -58,6 +58,8 @@ class ServerConfig:
     """With `prices`: sent as every answer's `usage.cost` (and the generation record's
     `total_cost`) instead of the priced cost: 0 (as OpenRouter reports bring-your-own-key
     requests), a negative or absurd number, or a non-number such as "NaN"."""
+    cost_as_text: bool = False
+    """`usage.cost` (the priced one, or `reported_cost`) sent as a JSON string: "0.0031"."""
     latency_s: float = 0.0
     """Sleep before answering each chat or generate request."""
     reasoning_tokens: tuple[int, int] = (30, 300)

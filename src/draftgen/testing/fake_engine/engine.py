@@ -15,7 +15,7 @@ from aiohttp import web
 from draftgen.testing.fake_engine.answers import Completion, empty_completion
 from draftgen.testing.fake_engine.chat import SSE_DONE, ChatReply, generation_json, with_comments
 from draftgen.testing.fake_engine.config import ServerConfig
-from draftgen.testing.fake_engine.faults import ERRORS, FaultPicker
+from draftgen.testing.fake_engine.faults import ERRORS, IGNORES_MAX_TOKENS, FaultPicker
 from draftgen.testing.fake_engine.kinds import BadRequest, Json
 from draftgen.testing.fake_engine.model import AnswerKey, FakeModel, digest
 from draftgen.testing.fake_engine.request import (
@@ -89,7 +89,7 @@ class FakeEngine:
     ) -> web.StreamResponse:
         endpoint = _ENDPOINTS.get(request.path, "other")
         in_flight = endpoint in _MODEL_CALLS
-        self.stats.begin(endpoint, in_flight)
+        self.stats.begin(endpoint, in_flight, request.query.keys())
         outcome = "cancelled"
         try:
             response: web.StreamResponse = await handler(request)
@@ -260,6 +260,8 @@ class FakeEngine:
     ) -> Completion:
         if fault == "empty":
             return empty_completion(self.vocab, self.config)
+        if fault == IGNORES_MAX_TOKENS:
+            limit = None
         comp = await self.model.completion(key, limit, stops)
         if comp.noncanonical:
             self.stats.count("faults", "noncanonical")

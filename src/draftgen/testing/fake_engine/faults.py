@@ -40,6 +40,12 @@ in place of the answer's middle IDs (an answer too short for them is lengthened)
 TOO_MANY_IDS = "ids_too_many"
 """The fault kind whose engine IDs go on past the request's token limit: the answer's IDs, then
 as many again as the limit allows (an engine that ignored `max_new_tokens`)."""
+SHIFTED_IDS = "ids_shifted"
+"""The fault kind whose engine IDs are each the vocabulary's previous ID but the last (the text
+stays true): IDs in range that are not the answer's."""
+IGNORES_MAX_TOKENS = "ignores_max_tokens"
+"""The fault kind answered in full whatever the request's token limit: text, IDs and usage of
+the whole sampled answer (an engine that ignores `max_tokens`)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,10 @@ FAULT_KINDS: dict[str, str] = {
        for kind, values in BAD_IDS.items()},
     TOO_MANY_IDS: "HTTP 200, an answer whose engine IDs go on past the request's token limit "
     "(its IDs, then the limit's count more)",
+    SHIFTED_IDS: "HTTP 200, an answer whose engine IDs are each moved to the vocabulary's "
+    "previous ID but the last (its text true)",
+    IGNORES_MAX_TOKENS: "HTTP 200, the whole sampled answer whatever the request's token "
+    "limit (text, IDs and usage)",
 }
 """Every fault kind, with its wire behaviour."""
 
@@ -121,6 +131,8 @@ def sent_ids(fault: str | None, ids: list[int], limit: int | None) -> list[Any]:
     if fault == TOO_MANY_IDS and ids:
         extra = limit if limit is not None else len(ids)
         return [*ids, *(ids[n % len(ids)] for n in range(extra))]
+    if fault == SHIFTED_IDS and ids:
+        return [*(i - 1 if i > 0 else 1 for i in ids[:-1]), ids[-1]]
     return ids
 
 

@@ -28,6 +28,7 @@ def usage_json(
     reasoning_tokens: int,
     prices: Prices | None,
     reported_cost: float | str | None = None,
+    as_text: bool = False,
 ) -> Json:
     usage: Json = {
         "prompt_tokens": prompt_tokens,
@@ -38,7 +39,8 @@ def usage_json(
     }
     if prices is not None:
         priced = prices.cost(prompt_tokens, completion_tokens)
-        usage["cost"] = priced if reported_cost is None else reported_cost
+        cost = priced if reported_cost is None else reported_cost
+        usage["cost"] = str(cost) if as_text else cost
     return usage
 
 
@@ -54,7 +56,8 @@ def error_json(kind: str, ctx: ReplyContext, label: str, config: ServerConfig,
     body: Json = {"error": {"code": spec.code, "message": echoed(spec.message, auth, config),
                             "metadata": metadata}}
     if kind in BILLED:
-        body["usage"] = usage_json(len(ctx.prompt_ids), 0, 0, config.price, config.reported_cost)
+        body["usage"] = usage_json(len(ctx.prompt_ids), 0, 0, config.price, config.reported_cost,
+                                   config.cost_as_text)
     return body
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from draftgen.testing.fake_engine.kinds import Json
@@ -15,7 +15,8 @@ class ServerStats(Mapping[str, Any]):
     `requests` (by endpoint), `responses` (by HTTP status, "reset" or "cancelled"), `faults`
     (by kind, plus "noncanonical"), `in_flight` and `max_in_flight` (chat and generate calls),
     `per_prompt` (by the last user message text), `billed_usd` (what the server charged, at
-    its prices), and `bodies` (the last received request
+    its prices), `query_names` (requests by "ENDPOINT?NAME" for each query parameter they
+    carried: names only, values are never stored), and `bodies` (the last received request
     bodies; headers are never stored)."""
 
     def __init__(self, max_bodies: int = 10_000) -> None:
@@ -29,14 +30,17 @@ class ServerStats(Mapping[str, Any]):
             self._responses: Counter[str] = Counter()
             self._faults: Counter[str] = Counter()
             self._per_prompt: Counter[str] = Counter()
+            self._query_names: Counter[str] = Counter()
             self._bodies: deque[Any] = deque(maxlen=self._max_bodies)
             self._in_flight = 0
             self._max_in_flight = 0
             self._billed_usd = 0.0
 
-    def begin(self, endpoint: str, counts_in_flight: bool) -> None:
+    def begin(self, endpoint: str, counts_in_flight: bool, query_names: Iterable[str] = ()
+              ) -> None:
         with self._lock:
             self._requests[endpoint] += 1
+            self._query_names.update(f"{endpoint}?{name}" for name in set(query_names))
             if counts_in_flight:
                 self._in_flight += 1
                 self._max_in_flight = max(self._max_in_flight, self._in_flight)
@@ -70,6 +74,7 @@ class ServerStats(Mapping[str, Any]):
                 "in_flight": self._in_flight,
                 "max_in_flight": self._max_in_flight,
                 "per_prompt": dict(self._per_prompt),
+                "query_names": dict(self._query_names),
                 "billed_usd": self._billed_usd,
             }
             if bodies:
