@@ -126,14 +126,13 @@ def served_tokenizer() -> Path:
     return folder / "tokenizer.json"
 
 
-def run_config(work: Path, out: str, backend: dict[str, Any], args: argparse.Namespace
-               ) -> Path:
+def run_config(work: Path, out: str, backend: dict[str, Any], max_tokens: int) -> Path:
     cfg = {
         "output_dir": str(work / out),
         "model": {"name": backend.pop("model"), "format": "smollm2",
                   "tokenizer": str(served_tokenizer())},
         "sampling": {"temperature": 0.0, "top_p": 1.0, "seed": 42,
-                     "max_tokens": args.max_tokens},
+                     "max_tokens": max_tokens},
         "backends": [backend],
         "datasets": [{"name": s, "path": str(work / "prompts" / f"{s}.jsonl")} for s in SPLITS],
     }
@@ -153,7 +152,7 @@ def generate_target_answers(work: Path, args: argparse.Namespace) -> None:
     try:
         draftgen_run(run_config(work, "run-R", {
             "model": server.served_name, "name": "vllm", "type": "vllm", "url": server.url,
-            "concurrency": args.concurrency}, args))
+            "concurrency": args.concurrency}, args.max_tokens))
     finally:
         server.stop()
 
@@ -204,13 +203,19 @@ def original_answer_server(originals: dict[str, str]) -> Iterator[str]:
         server.server_close()
 
 
+ORIGINAL_MAX_TOKENS = 4096
+"""O's `max_tokens`: an original answer is as long as its author wrote it, not cut at the
+target's `max_tokens` (draftgen fails an answer longer than its `max_tokens` allow as
+`bad_response`, so O's bound is one no original answer reaches)."""
+
+
 def record_original_answers(work: Path, originals: dict[str, str],
                             args: argparse.Namespace) -> None:
     """O: the original answers through draftgen's text path (IDs rebuilt in the chat format)."""
     with original_answer_server(originals) as url:
         draftgen_run(run_config(work, "run-O", {
             "model": "original", "name": "original", "type": "openai", "url": url,
-            "concurrency": 8}, args))
+            "concurrency": 8}, ORIGINAL_MAX_TOKENS))
 
 
 def records(run_dir: Path, dataset: str) -> list[dict[str, Any]]:

@@ -162,16 +162,24 @@ class ReadCount:
         self.limit = limit
         self.seen = 0
 
+    def check(self, total: int) -> None:
+        """BackendError when an answer of `total` bytes is past a bound, the smaller one
+        deciding (as it would while the body is read): what its max_tokens allow, or
+        `max_response_mb`. A declared Content-Length is judged as the body it announces."""
+        held = _HELD.get()
+        answer_limit = held.answer_limit if held is not None else None
+        if answer_limit is not None and answer_limit < self.limit and total > answer_limit:
+            raise past_max_tokens(f"answer longer than its max_tokens allow "
+                                  f"({answer_limit:,} bytes): not read further")
+        if total > self.limit:
+            raise too_large(self.limit)
+
     def add(self, n: int) -> None:
         self.seen += n
-        if self.seen > self.limit:
-            raise too_large(self.limit)
+        self.check(self.seen)
         held = _HELD.get()
         if held is None:
             return
-        if held.answer_limit is not None and held.bytes + n > held.answer_limit:
-            raise past_max_tokens(f"answer longer than its max_tokens allow "
-                                  f"({held.answer_limit:,} bytes): not read further")
         if not held.budget.take(n):
             raise over_in_flight_bound(held.budget.limit)
         held.bytes += n
@@ -370,10 +378,10 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     `too_large` is raised as soon as it passes the limit, having kept no more than that (a
     2 GB body, or a gzip bomb, fails its request alone instead of the process)."""
     declared = resp.content_length
-    if declared is not None and declared > limit and "Content-Encoding" not in resp.headers:
-        raise too_large(limit)
-    chunks: list[bytes] = []
     count = ReadCount(limit)
+    if declared is not None and "Content-Encoding" not in resp.headers:
+        count.check(declared)
+    chunks: list[bytes] = []
     async for data in resp.content.iter_any():
         count.add(len(data))
         chunks.append(data)
