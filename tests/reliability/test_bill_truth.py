@@ -6,6 +6,7 @@ compares that bill with `budget.usd` and with what draftgen counted."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -159,17 +160,62 @@ def test_a_free_backend_that_reports_costs_counts_them(tmp_path: Path, qwen3_dir
 # ---- the probe pays from the budget -------------------------------------------------------------
 
 
-def test_no_probe_when_the_budget_cannot_hold_it(tmp_path: Path, qwen3_dir: Path,
-                                                 reliability) -> None:
-    case = reliability(SCENARIO, "budget.usd 1e-9 with the probe on")
+def test_a_budget_too_small_for_any_probe_is_refused_with_the_figure_to_raise_it_to(
+        tmp_path: Path, qwen3_dir: Path, reliability) -> None:
+    """budget.usd 1e-9 with the probe on used to run unprobed after one warning. Nothing is sent
+    and the run fails naming the budget the smallest probe needs; at that budget it probes."""
+    case = reliability(SCENARIO, "budget.usd 1e-9 with the probe on, then the budget the "
+                       "refusal names")
     with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
                     **SHORT) as server:
-        outcome = _run_with_probe(_config(tmp_path, qwen3_dir, server, 10, 1e-9))
+        refused = _run_with_probe(_config(tmp_path, qwen3_dir, server, 10, 1e-9))
+        bill_refused = _billed(server)
+        figure = re.search(r"raise budget\.usd to at least \$([0-9.]+)", refused.message)
+        assert figure, refused.message
+        budget = float(figure[1])
+        again = _run_with_probe(_config(tmp_path, qwen3_dir, server, 10, budget))
         bill = _billed(server)
+    case.runs = 2
+    session = read_run_json(tmp_path / "run" / "run.json")["sessions"][-1]
+    case.note(f"refused ({refused.status}), billed ${bill_refused}; at the ${budget} it names: "
+              f"probed, billed ${bill:.6f}, {again.status}")
+    assert bill_refused == 0
+    assert refused.status == "failed" and "--no-probe" in refused.message
+    assert session.get("probe_usd", 0) > 0
+    assert bill <= budget
+
+
+@pytest.mark.parametrize("share", [2.0, 0.5], ids=["full_max_tokens", "max_tokens_cut"])
+def test_a_small_trial_budget_is_probed_first_request_alone(
+        tmp_path: Path, qwen3_dir: Path, reliability, share: float) -> None:
+    """A cautious first budget used to switch the probe off: its requests were held at once,
+    the four beside the first at 20x ($0.109 at budget.usd $0.05). The first now goes alone
+    and the others once its bill is known, so `share` times the probe's worst case at the
+    listing is enough; below it, the probe's max_tokens is cut to what the budget allows."""
+    case = reliability(SCENARIO, f"budget.usd {share}x the probe's worst case at the listing "
+                       "(its old hold at 20x did not fit), concurrency 1")
+    with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
+                    latency_s=0.3, **SHORT) as server:
+        worst = _probe_worst_at_listing(_config(tmp_path, qwen3_dir, server, 4, 1.0))
+        budget = share * sum(worst)
+        outcome = _run_with_probe(_config(tmp_path, qwen3_dir, server, 4, budget,
+                                          concurrency=1))
+        snap = server.stats.snapshot()
     case.runs = 1
-    case.note(f"server billed ${bill:.6f}; {outcome.status}")
-    assert bill == 0
-    assert outcome.status == "budget"
+    session = read_run_json(tmp_path / "run" / "run.json")["sessions"][-1]
+    sent_max = {b["max_tokens"] for b in snap["bodies"][:len(worst)]}
+    case.note(f"probe held ${session.get('probe_reserved_usd', 0):.6f} at most of "
+              f"${budget:.6f}; max in flight {snap['max_in_flight']}; probe max_tokens "
+              f"{sorted(sent_max)}; billed ${snap['billed_usd']:.6f}; {outcome.status}")
+    assert "probe_reserved_usd" in session  # probed
+    assert session["probe_reserved_usd"] <= budget
+    assert snap["max_in_flight"] == len(worst) - 1  # the first alone, then the rest at once
+    assert snap["billed_usd"] <= budget
+    assert outcome.status in ("completed", "budget")
+    if share >= 1:
+        assert sent_max == {ProbeOptions().max_tokens}
+    else:
+        assert max(sent_max) < ProbeOptions().max_tokens
 
 
 def _probe_worst_at_listing(cfg: Path) -> list[float]:
@@ -179,14 +225,16 @@ def _probe_worst_at_listing(cfg: Path) -> list[float]:
             for r in probe_requests(fmt)[0]]
 
 
-@pytest.mark.parametrize("room", [2.0, 30.0], ids=["probe_left_out", "probe_runs"])
+@pytest.mark.parametrize("room", [2.0, 30.0], ids=["probe_refused_after_its_first_bill",
+                                                   "probe_runs"])
 def test_the_probe_sent_at_once_to_a_15x_provider_keeps_the_run_bound(
         tmp_path: Path, qwen3_dir: Path, reliability, room: float) -> None:
     """The probe sends its requests at once, before anything told what the provider charges:
     held at the listing alone, five answers billed 15x passed a budget of twice their listed
     worst case 7-fold. Held as the run holds requests before a first answer (the first at
     its worst case, the others at 20x), the bill passes the budget by at most (15 - 1) times
-    one request's worst case, as a run without the probe."""
+    one request's worst case, as a run without the probe. The first request now goes alone:
+    its bill tells the others' price (and whether the budget still holds them)."""
     factor = 15
     with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
                     bill_factor=factor, reasoning_tokens=(4000, 4000)) as server:
@@ -207,9 +255,10 @@ def test_the_probe_sent_at_once_to_a_15x_provider_keeps_the_run_bound(
     one = max([*worst, _worst_at_listing(tmp_path)] if read_records(tmp_path / "run", "d")
               else worst)
     assert bill <= budget + (factor - 1) * one + 1e-12
-    assert probed == (room > 20)
-    if probed:
-        assert session["probe_unguarded_usd"] == pytest.approx(worst[0], rel=1e-6)
+    assert probed  # the first request alone fits; the others wait for its bill
+    assert session["probe_unguarded_usd"] == pytest.approx(worst[0], rel=1e-6)
+    if room < factor:  # what the provider bills leaves no room for the others: refused
+        assert outcome.status == "failed" and "raise budget.usd" in outcome.message
 
 
 def test_a_stored_probe_result_needs_no_room_in_the_budget(tmp_path: Path, qwen3_dir: Path,

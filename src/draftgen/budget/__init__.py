@@ -1,7 +1,7 @@
 """A run's budgets: what a request counts for (`pricing`), the reservation ledger (`ledger`),
 the pool the shards of a run share (`pool`, its file in `store.pool_file`), a shard's lease on
 it (`lease`), and `Budget`, what the dispatcher asks of them the same way sharded or not
-(`run_budget`)."""
+(`run_budget`), and what the probe's requests hold of it (`probe_hold`)."""
 
 from draftgen.budget.lease import ShardLease
 from draftgen.budget.ledger import Admission, DatasetBudget, Ledger, Reservation, learning_hold
@@ -32,6 +32,7 @@ from draftgen.budget.pricing import (
     lookup_cost,
     too_small,
 )
+from draftgen.budget.probe_hold import PROBE_MIN_TOKENS, ProbeCharge, ProbeHold
 from draftgen.budget.run_budget import Budget, SharedBudget, budget_for
 from draftgen.budget.spend_rate import (
     SpendRateError,
@@ -45,6 +46,7 @@ __all__ = [
     "LEARNING_MARGIN",
     "POLL_S",
     "PRICED",
+    "PROBE_MIN_TOKENS",
     "REPORTED",
     "REPORT_IMPLAUSIBLE",
     "REPORT_REFUSED",
@@ -60,6 +62,8 @@ __all__ = [
     "PoolOp",
     "PoolState",
     "PriceWatch",
+    "ProbeCharge",
+    "ProbeHold",
     "Reservation",
     "ShardLease",
     "SharedBudget",

@@ -6,18 +6,20 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import orjson
 
 from draftgen.backends import Backend
+from draftgen.budget.probe_hold import ProbeCharge, ProbeHold
 from draftgen.config import RunConfig
 from draftgen.formats import Format
 from draftgen.probe.analyze import analyze
-from draftgen.probe.exchange import exchange, probe_requests
-from draftgen.probe.model import BackendProbe
+from draftgen.probe.exchange import Exchange, ProbeRequest, exchange, probe_requests
+from draftgen.probe.model import AnswerReport, BackendProbe
 from draftgen.probe.options import ProbeOptions
 from draftgen.probe.verdict import judge
+from draftgen.types import BackendError
 
 log = logging.getLogger("draftgen.probe")
 
@@ -47,15 +49,24 @@ def backend_key(cfg: RunConfig, backend: str, tokenizer_sha256: str) -> str:
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
-async def probe_backend(fmt: Format, backend: Backend, key: str, max_tokens: int
-                        ) -> BackendProbe:
+async def probe_backend(fmt: Format, backend: Backend, key: str, max_tokens: int,
+                        hold: ProbeHold | None = None) -> BackendProbe:
+    """Probe one backend; with `hold`, its requests are paid from the run's budget (and a
+    backend whose charges are not known yet gets its first request alone)."""
     requests, notes = probe_requests(fmt)
     price = backend.cfg.price or await backend.listed_price()
-    exchanges, quantizations = await asyncio.gather(
-        asyncio.gather(*(exchange(backend, r, max_tokens) for r in requests)),
-        backend.listed_quantizations(),
-    )
-    answers = [analyze(fmt, ex, price, quantizations) for ex in exchanges]
+    quantizations = asyncio.ensure_future(backend.listed_quantizations())
+    try:
+        answers: list[AnswerReport] = []
+        async for exchanges in _steps(backend, requests, max_tokens, hold):
+            listed = await quantizations
+            step = [analyze(fmt, ex, price, listed) for ex in exchanges]
+            if hold is not None:
+                hold.settle(backend.name, [ProbeCharge(a.reported_usd, a.priced_usd,
+                                                       a.billed_tokens) for a in step])
+            answers += step
+    finally:
+        quantizations.cancel()
     verdict, problems, warnings = judge(
         fmt, answers, notes, prompt_as_ids=backend.capabilities.needs_prompt_ids)
     return BackendProbe(
@@ -64,6 +75,30 @@ async def probe_backend(fmt: Format, backend: Backend, key: str, max_tokens: int
         cost_usd=round(sum(a.cost_usd for a in answers), 8), probed_at=round(time.time(), 3),
         price=price.model_dump() if price is not None else None,
     )
+
+
+async def _steps(backend: Backend, requests: list[ProbeRequest], max_tokens: int,
+                 hold: ProbeHold | None) -> AsyncIterator[list[Exchange]]:
+    """The probe's exchanges with the backend, a step at a time: all at once, or with `hold`
+    (`ProbeHold.in_steps`) the first alone and the others after its answer, each step's
+    `max_tokens` what the budget allows. A step that does not fit is not sent: its
+    requests fail with the reason."""
+    steps = [requests[:1], requests[1:]] if hold and hold.in_steps(backend.name) else [requests]
+    for n, step in enumerate(steps):
+        allowed: int | str = max_tokens
+        if hold is not None:
+            later = [len(r.input_ids) for s in steps[n + 1:] for r in s]
+            allowed = hold.hold(backend.name, [len(r.input_ids) for r in step], later,
+                                max_tokens)
+        if isinstance(allowed, str):
+            log.warning("probe: backend %s: %d requests %s", backend.name, len(step), allowed)
+            error = BackendError("budget", allowed, retryable=False)
+            yield [Exchange(r, error=error) for r in step]
+            continue
+        if allowed < max_tokens:
+            log.info("probe: backend %s: max_tokens %d (of %d) to fit budget.usd",
+                     backend.name, allowed, max_tokens)
+        yield list(await asyncio.gather(*(exchange(backend, r, allowed) for r in step)))
 
 
 def reusable(stored: BackendProbe | None, key: str) -> bool:
@@ -85,10 +120,12 @@ def reusable_results(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
 
 
 async def probe_all(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
-                    opts: ProbeOptions,
-                    stored: Mapping[str, BackendProbe] | None = None) -> list[BackendProbe]:
+                    opts: ProbeOptions, stored: Mapping[str, BackendProbe] | None = None,
+                    hold: ProbeHold | None = None) -> list[BackendProbe]:
     """One result per backend, in order: reused from `stored` where its key still matches
-    (unless `opts.force`), else probed now (all backends concurrently)."""
+    (unless `opts.force`), else probed now, all backends concurrently but those paid from
+    `hold`'s budget, one after another (what one backend's second step needs is not taken
+    by another's first)."""
     reused = reusable_results(fmt, cfg, backends, opts, stored or {})
 
     async def one(b: Backend) -> BackendProbe:
@@ -98,6 +135,13 @@ async def probe_all(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
             return old
         log.info("probing backend %s (%s)", b.name, b.cfg.type)
         return await probe_backend(fmt, b, backend_key(cfg, b.name, fmt.tokenizer.sha256),
-                                   opts.max_tokens)
+                                   opts.max_tokens, hold)
 
-    return list(await asyncio.gather(*(one(b) for b in backends)))
+    async def in_turn(paid: list[Backend]) -> list[BackendProbe]:
+        return [await one(b) for b in paid]
+
+    paid = [b for b in backends if hold is not None and hold.pays(b.name)]
+    free = [b for b in backends if b not in paid]
+    at_once, one_by_one = await asyncio.gather(asyncio.gather(*map(one, free)), in_turn(paid))
+    by_name = {r.backend: r for r in [*at_once, *one_by_one]}
+    return [by_name[b.name] for b in backends]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.backends import Backend
+from draftgen.budget.probe_hold import ProbeHold
 from draftgen.config import RunConfig
 from draftgen.formats import Format
 from draftgen.printable import printable
@@ -135,15 +136,17 @@ def _gate_record(dropped: Mapping[str, str], refused: str | None, cost: float,
 
 async def gate_backends(fmt: Format, cfg: RunConfig, needs: Mapping[str, set[str]],
                         backends: list[Backend], opts: ProbeOptions, run_json: Path,
-                        shared_from: Sequence[Path] = ()) -> Gate:
+                        shared_from: Sequence[Path] = (), hold: ProbeHold | None = None
+                        ) -> Gate:
     """Probe the started `backends` for a run of `cfg` in `fmt` (or reuse results stored in
     `run_json`, else in the run.json files of `shared_from`, the run's other folders: shards
     probe once per run, not once per shard), record the results in run.json, and remove from
     `backends` (closing them) those that may not serve this run. `needs`: what each dataset's
     prompts need beyond plain answers (dataset name -> {"tools"} or nothing), which says whom
-    a problem of prompts with tools concerns."""
+    a problem of prompts with tools concerns. `hold`: the run's budget, which the probe's
+    requests are paid from."""
     own = stored_results(run_json)
-    results = await probe_all(fmt, cfg, backends, opts, _stored(own, shared_from))
+    results = await probe_all(fmt, cfg, backends, opts, _stored(own, shared_from), hold)
     dropped, unfit = decide(results, needs)
     refused = refusal(dropped, results) if len(dropped) == len(backends) else None
     cost = sum(r.cost_usd for r in results if not r.cached)

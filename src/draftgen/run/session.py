@@ -15,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +25,11 @@ from draftgen.backends import Backend, BackendNotReady, make_backend
 from draftgen.backends.base import share_answer_bytes
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
 from draftgen.budget import (
-    IMPLAUSIBLE_RATIO,
+    PROBE_MIN_TOKENS,
     BudgetPool,
     PriceWatch,
+    ProbeHold,
     budget_for,
-    counted_cost,
-    learning_hold,
     refuse_impossible_rate,
     refuse_unaffordable_answer,
     too_small,
@@ -71,17 +68,6 @@ from draftgen.store.scan import StoredElsewhere
 from draftgen.store.shards import claim_run_folder
 
 log = logging.getLogger("draftgen")
-
-
-@dataclass(frozen=True)
-class ProbeHold:
-    """What the probe's requests hold of the dollar budget while they are out."""
-
-    usd: float
-    unguarded_usd: float
-    """The part held at the price alone for backends whose charges were unknown (each one's
-    first request): a provider charging f times its price passes the hold by at most
-    (f - 1) times this."""
 
 
 class Runner:
@@ -153,92 +139,71 @@ class Runner:
     async def _probe_gate(self, backends: list[Backend]) -> bool:
         """With `probe` set: probe the started backends (or reuse run.json's results) and
         remove from `backends` those unsafe for this run's datasets (draftgen.probe.gate).
-        False, with the run failed and nothing sent, when none is left. The probe's requests
-        are paid from the run's budget: their worst case is reserved first, with the run's
-        margin for a backend whose charges are not known yet (`_probe_hold`; no probe when
-        the budget cannot hold it, but stored results that still serve need no room), and
-        what they cost is counted and kept in run.json."""
+        False, with the run failed and nothing sent, when none is left, or when the budget
+        cannot pay even the smallest probe (the figure to raise it to is named). The probe's
+        requests are paid from the run's budget by `budget.ProbeHold`'s rule (stored results
+        that still serve need no room), and what they cost is counted and kept in run.json."""
         if self.probe is None:
             return True
         plan = self.plan
         elsewhere = [s.folder / "run.json" for s in self.elsewhere]
         probed = backends_to_probe(plan.fmt, plan.cfg, backends, self.probe,
                                    self.store.layout.run_json, elsewhere)
-        worst = self._probe_worst(probed)
-        hold = self._probe_hold(probed, worst)
-        if hold.usd and not self.ledger.reserve(hold.usd):
-            log.warning("the probe's worst case ($%.6f) does not fit in what is left of "
-                        "budget.usd: no probe this session", hold.usd)
-            return True
+        hold = ProbeHold(self.ledger, self.prices,
+                         {b.name: b.capabilities.reports_cost for b in backends})
+        unaffordable = self._unaffordable_probe(hold, probed)
+        if unaffordable:
+            self.state.fail(unaffordable, stop=False)
+            return False
         try:
             gate = await gate_backends(plan.fmt, plan.cfg, plan.dataset_needs(), backends,
-                                       self.probe, self.store.layout.run_json, elsewhere)
+                                       self.probe, self.store.layout.run_json, elsewhere, hold)
         except BaseException:  # stopped while probing: what was sent may have been billed
-            self._count_probe_spend(hold, sum(map(sum, worst.values())))
+            hold.abandon()
+            self._record_probe_spend(hold)
             raise
-        self._count_probe_spend(hold, self._probe_spend(gate, worst))
+        self._record_probe_spend(hold)
+        self._learn_from_stored(gate)
         self._unfit = gate.unfit
         if gate.refused:
             self.state.fail(gate.refused, stop=False)
         return gate.refused is None
 
-    def _probe_worst(self, backends: list[Backend]) -> dict[str, list[float]]:
-        """Each paid backend's probe requests' worst cases, at its price."""
+    def _unaffordable_probe(self, hold: ProbeHold, probed: list[Backend]) -> str | None:
+        """Why the budget cannot pay the probe of `probed`, even at its smallest, and what to
+        raise it to; None when it can."""
         assert self.probe is not None
-        requests, _ = probe_requests(self.plan.fmt)
-        worst = {}
-        for b in backends:
-            watch = self.prices.get(b.name)
-            if watch is not None:
-                worst[b.name] = [watch.worst(len(r.input_ids), self.probe.max_tokens)
-                                 for r in requests]
-        return worst
+        usd = self.ledger.usd
+        if usd is None:
+            return None
+        lengths = [len(r.input_ids) for r in probe_requests(self.plan.fmt)[0]]
+        smallest = hold.smallest_usd({b.name: lengths for b in probed if hold.pays(b.name)})
+        left = usd - self.ledger.committed_usd()
+        if smallest <= left:
+            return None
+        return (f"the probe of {', '.join(b.name for b in probed if hold.pays(b.name))} may "
+                f"cost ${smallest:.6f} at the least ({len(lengths)} requests of at most "
+                f"{PROBE_MIN_TOKENS} tokens each) and ${max(0.0, left):.6f} of budget.usd is "
+                f"left, so nothing was sent: raise budget.usd to at least "
+                f"${usd + smallest - left:.6f}, or run with --no-probe")
 
-    def _probe_hold(self, backends: list[Backend], worst: dict[str, list[float]]
-                    ) -> ProbeHold:
-        """What the probe reserves, and the part of it held at the price alone where a provider
-        may charge more: the probe sends a backend's requests at once, so one whose charges are
-        unknown (it reports costs and has not answered) has them held as the run holds its
-        requests in flight before its first answer (`learning_hold`)."""
-        held = unguarded = 0.0
-        for b in backends:
-            costs = worst.get(b.name)
-            watch = self.prices.get(b.name)
-            if not costs or watch is None:
-                continue
-            if self.ledger.usd is not None and watch.charges_unknown(
-                    b.capabilities.reports_cost):
-                held += learning_hold(costs)
-                unguarded += costs[0]
-            else:
-                held += sum(costs)
-        return ProbeHold(held, unguarded)
-
-    def _probe_spend(self, gate: Gate, worst: dict[str, list[float]]) -> float:
-        """What the probe's requests count for, by the run's rule (`counted_cost`); each
-        backend's answers, stored ones too, tell what it charges beside its price."""
-        spent = 0.0
+    def _learn_from_stored(self, gate: Gate) -> None:
+        """Stored probe answers tell what their backends charge beside their price, as the
+        answers probed now did (`ProbeHold.settle`)."""
         for result in gate.results:
             watch = self.prices.get(result.backend)
-            each = sum(worst.get(result.backend, ())) / max(1, len(result.answers))
-            most = IMPLAUSIBLE_RATIO * each if each else math.inf
-            for a in result.answers:
-                if not result.cached:
-                    spent += counted_cost(a.reported_usd, a.priced_usd, each, most)[0]
-                if watch is not None:
-                    watch.observe(a.reported_usd, a.priced_usd, a.billed_tokens, most)
-        return spent
+            if result.cached and watch is not None:
+                for a in result.answers:
+                    watch.observe(a.reported_usd, a.priced_usd, a.billed_tokens)
 
-    def _count_probe_spend(self, hold: ProbeHold, usd: float) -> None:
-        """The probe's reservation replaced by what it spent, kept in run.json at once (the
-        next session counts it, even after a kill)."""
-        self.ledger.release(hold.usd)
-        self.ledger.add_spent(usd)
-        self.probe_usd += usd
-        if usd:
+    def _record_probe_spend(self, hold: ProbeHold) -> None:
+        """What the probe's requests count for, kept in run.json at once (the next session
+        counts it, even after a kill)."""
+        self.probe_usd += hold.spent_usd
+        if hold.spent_usd:
             record_session(self.store.layout.run_json, self.session,
                            probe_usd=round(self.probe_usd, 8),
-                           probe_reserved_usd=round(hold.usd, 8),
+                           probe_reserved_usd=round(hold.held_usd, 8),
                            probe_unguarded_usd=round(hold.unguarded_usd, 8))
 
     # ---- the run -----------------------------------------------------------------------
