@@ -146,7 +146,7 @@ def test_a_prompt_answered_in_two_folders_is_read_once(tmp_path: Path, qwen3_tok
     assert report.stats.answers == 20 and report.stats.datasets["d"].duplicates == 12
     assert "(shard 0/4)" in report.index.read_text()
 
-    text = CliRunner().invoke(app, ["status", str(root)]).output
+    text = CliRunner().invoke(app, ["status", str(root), "--wide"]).output
     assert "by shard" in text and "shards/0-of-4" in text and "stopped (completed)" in text
 
     audit = audit_run(root, workers=1)

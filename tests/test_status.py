@@ -350,6 +350,6 @@ def test_status_on_a_live_then_killed_then_stopped_run(tmp_path: Path, qwen3_dir
     assert stopped["total"]["done"] == len(_done_ids(run_dir))
     assert stopped["total"]["in_flight"] == 0 == len(_journal_open(run_dir))
     assert stopped["sessions"] == 2 and stopped["last_outcome"] == "stopped"
-    text = subprocess.run([sys.executable, "-m", "draftgen", "status", str(run_dir)],
+    text = subprocess.run([sys.executable, "-m", "draftgen", "status", str(run_dir), "--wide"],
                           capture_output=True, text=True, timeout=60)
     assert text.returncode == 0 and "not running" in text.stdout and "local" in text.stdout

@@ -115,7 +115,7 @@ def test_a_conversation_a_budget_stopped_is_shown_as_such(tmp_path: Path, qwen3_
     t = _status(root)["datasets"]["agent"]["trajectories"]
     # `pending` (one turn written, no end) was stopped; a fifth conversation never started
     assert (t["done"], t["stopped_by_budget"], t["pending"], t["in_flight"]) == (3, 1, 1, 0)
-    result = CliRunner().invoke(app, ["status", str(root)], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, ["status", str(root), "--wide"], env={"COLUMNS": "200"})
     assert "stopped by budget" in result.output
     row = next(line for line in result.output.splitlines() if line.startswith("│ agent")
                and "last_turn" in line)
@@ -137,7 +137,7 @@ def test_a_conversation_stopped_by_hand_or_whose_turn_failed_is_not_marked_budge
 
 def test_status_command_shows_the_conversations(tmp_path: Path, qwen3_tok: Tokenizer) -> None:
     root = write_trajectory_run(tmp_path / "run", qwen3_tok)
-    result = CliRunner().invoke(app, ["status", str(root)], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, ["status", str(root), "--wide"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "conversations (turns: all)" in result.output
     assert "last_turn 2, finish_length 1" in result.output
@@ -149,7 +149,7 @@ def test_status_table_names_the_units_of_a_turns_all_row(tmp_path: Path, qwen3_t
                                                         ) -> None:
     root = write_trajectory_run(tmp_path / "run", qwen3_tok,
                                 single=[{"role": "user", "content": "Hi"}])
-    result = CliRunner().invoke(app, ["status", str(root)], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, ["status", str(root), "--wide"], env={"COLUMNS": "200"})
     agent = next(line for line in result.output.splitlines() if line.startswith("│ agent"))
     [total] = [line for line in result.output.splitlines() if line.startswith("│ total")]
     cells = [c.strip() for c in agent.split("│")[1:-1]]

@@ -573,17 +573,22 @@ def report(
              short_help="How far a run got: live, stopped or killed.",
              epilog=_examples("draftgen status runs/qwen3",
                               "watch -n 5 draftgen status runs/qwen3",
+                              "draftgen status runs/qwen3 --wide | less -S",
                               "draftgen status runs/qwen3 --json | jq .datasets"))
 def status(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="Every table: each dataset's numbers, by backend, by provider, "
+        "conversations, shards (as wide as they need).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
-    """How far a run got: live, stopped or killed. Done, failed, skipped, pending, in flight,
-    tokens, cost, rates. Reads only; never disturbs a live run."""
+    """How far a run got: live, stopped or killed. A few lines: done of total, failed,
+    skipped and why, in flight, $ spent of budget.usd and what is left, the rate. Reads only;
+    never disturbs a live run."""
     from draftgen.status import collect_status, print_status
 
     st = collect_status(run_dir)
-    print_status(st, as_json)
+    print_status(st, as_json, wide=wide)
 
 
 @app.command(cls=HelpCommand, rich_help_panel=INSPECT,

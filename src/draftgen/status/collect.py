@@ -141,6 +141,7 @@ def _sharded_status(run: Run, now: float) -> RunStatus:
         changed_prompts=sum(st.changed_prompts for st in statuses),
         rescued=sum(st.rescued for st in statuses),
         rescue_files=[p for st in statuses for p in st.rescue_files],
+        budget_usd=max(folders, key=_started).info.stored_config.budget.usd,
     )
     status.notes = sharded_notes(status, repeats)
     return status

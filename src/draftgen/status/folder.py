@@ -129,6 +129,7 @@ def folder_status(f: FolderAnswers, answered: dict[str, np.ndarray], now: float)
                                      if s.summary),
         rescued=len(rescued), rescue_files=[str(p) for p in rescued.files],
         rescue_error=rescue_error,
+        budget_usd=f.info.stored_config.budget.usd,
     )
     status.notes = run_notes(status, journal)
     return status

@@ -183,6 +183,24 @@ class RunStatus:
     changed_prompts: int = 0
     """Answered prompts whose dataset row changed under the same ID, as the last session
     found them (and left in place unless it re-asked them)."""
+    budget_usd: float | None = None
+    """budget.usd of the latest session's config (None: no dollar budget)."""
+
+    @property
+    def spent_usd(self) -> float:
+        """What counts as spent against budget.usd, as a resumed run counts it: the answers,
+        quarantined answers and billed failures, earlier sessions' unsettled bills, the
+        probe."""
+        return (self.total.sums.cost + self.total.cost_not_kept_usd + self.unsettled_usd
+                + self.probe_usd)
+
+    @property
+    def budget_left_usd(self) -> float | None:
+        """budget.usd less what is spent and what the requests in flight hold at their worst
+        case (None: no dollar budget)."""
+        if self.budget_usd is None:
+            return None
+        return max(0.0, self.budget_usd - self.spent_usd - self.journal.open_usd)
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -203,6 +221,10 @@ class RunStatus:
             "cost_reports_refused": self.cost_reports_refused,
             "cost_reports_implausible": self.cost_reports_implausible,
             "probe_usd": round(self.probe_usd, 8),
+            "budget_usd": self.budget_usd,
+            "spent_usd": round(self.spent_usd, 6),
+            "budget_left_usd": (None if self.budget_left_usd is None
+                                else round(self.budget_left_usd, 6)),
             "changed_prompts": self.changed_prompts,
             "rescued": self.rescued,
             "rescue_files": self.rescue_files,
@@ -211,8 +233,6 @@ class RunStatus:
         if self.shards:
             data["shards"] = [s.as_json() for s in self.shards]
         return data
-
-
 
 
 @dataclass

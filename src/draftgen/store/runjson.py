@@ -53,10 +53,16 @@ class StoredBackend(msgspec.Struct, kw_only=True):
     """OpenRouter's provider routing, which audit checks who served each answer against."""
 
 
+class StoredBudget(msgspec.Struct, kw_only=True):
+    usd: float | None = None
+    """budget.usd: the whole run's dollar budget, all sessions together."""
+
+
 class StoredConfig(msgspec.Struct, kw_only=True):
     """The parts of the latest session's config (secrets removed) that the readers use."""
 
     model: StoredModel = msgspec.field(default_factory=StoredModel)
+    budget: StoredBudget = msgspec.field(default_factory=StoredBudget)
     sampling: dict[str, Any] | None = None
     datasets: list[StoredDataset] = []
     backends: list[StoredBackend] = []
