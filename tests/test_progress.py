@@ -1,18 +1,22 @@
 """Run counters: rates over the last minute, and the event loop's load, said once when this
-process is what limits answers/s."""
+process is what limits answers/s; the run's closing line, which names the prompts skipped for
+the budget and wraps at spaces on a terminal."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 
 import pytest
 
 from draftgen import progress
+from draftgen.printable import message_console
 from draftgen.progress import (
     DatasetCounters,
     ProgressDisplay,
     RunCounters,
+    closing_line,
     progress_line,
     saturation_hint,
 )
@@ -91,3 +95,31 @@ def test_the_display_says_it_once(clock: Clock, caplog: pytest.LogCaptureFixture
         asyncio.run(three_lines())
     hints = [r for r in caplog.records if "event loop was busy" in r.getMessage()]
     assert len(hints) == 1 and hints[0].levelno == logging.WARNING
+
+
+# ---- the run's closing line --------------------------------------------------------------------
+
+
+def _budget_stopped() -> DatasetCounters:
+    """184 of 303 answered (103 before this session), 3 failed, 116 skipped for the budget."""
+    c = DatasetCounters(total=303, done_before=103, skipped=116, failed=3, cost=0.0221,
+                        cost_before=0.0278)
+    c.done, c.output_tokens = 81, 20_412
+    return c
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "piped"])
+def test_the_closing_line_names_the_skipped_and_cuts_no_word(width: int, terminal: bool) -> None:
+    line = closing_line("budget", _budget_stopped(),
+                        "→ runs/a-rather-long-folder-name/for-a-paid-trial-run")
+    assert "116 skipped for the budget, 0 pending" in line
+    out = io.StringIO()
+    console = message_console(file=out, width=width, force_terminal=terminal, color_system=None)
+    console.print(line, highlight=False, markup=False)
+    printed = out.getvalue().splitlines()
+    if terminal:  # wrapped at its spaces: every word whole, no line past the width
+        assert len(printed) > 1 and max(map(len, printed)) <= width
+        assert [w for part in printed for w in part.split()] == line.split()
+    else:  # a log keeps one line per message
+        assert printed == [line]

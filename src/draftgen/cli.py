@@ -75,8 +75,10 @@ def _console(**options: Any) -> Console:
 
 @cache
 def _stderr() -> Console:
-    """The console of progress, messages and errors."""
-    return _console(stderr=True, soft_wrap=True)
+    """The console of progress, messages and errors (`printable.message_console`)."""
+    from draftgen.printable import message_console
+
+    return message_console(stderr=True)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -218,6 +220,7 @@ def run(
     none left, nothing is sent."""
     from draftgen import perf
     from draftgen.config import load_config
+    from draftgen.progress import closing_line
     from draftgen.run import Runner, prepare
 
     _setup_logging(verbose)
@@ -253,11 +256,7 @@ def run(
         t = counters.total()
         where = (f"shard {spec} → {spec.folder(Path(cfg.output_dir))}" if spec
                  else f"→ {cfg.output_dir}")
-        _stderr().print(
-            f"{outcome.status}: {t.done_before + t.done:,}/{t.total:,} answered "
-            f"({t.done:,} this session), {t.failed:,} failed, {t.exhausted:,} out of attempts, "
-            f"{t.pending:,} pending, {t.output_tokens:,} output tokens, ${t.cost:.4f} "
-            f"{where}", highlight=False)
+        _stderr().print(closing_line(outcome.status, t, where), highlight=False, markup=False)
     if outcome.message:
         _stderr().print(redact(outcome.message), highlight=False, markup=False)
     raise typer.Exit(outcome.exit_code)

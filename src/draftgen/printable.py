@@ -6,6 +6,10 @@ through `printable`, and through `for_console` where rich would read it as marku
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _ESCAPES = re.compile(
     r"\x1b(?:\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, clearing
@@ -30,3 +34,14 @@ def for_console(text: object) -> str:
     from rich.markup import escape
 
     return escape(printable(text))
+
+
+def message_console(**options: Any) -> Console:
+    """A rich console for messages: on a terminal a line longer than it wraps at its spaces
+    (rich's wrap; the terminal's own would cut a word in two), piped each message stays one
+    line (a log is read with grep)."""
+    from rich.console import Console
+
+    console = Console(**options)
+    console.soft_wrap = not console.is_terminal
+    return console

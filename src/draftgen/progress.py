@@ -188,6 +188,16 @@ def progress_line(counters: RunCounters) -> str:
     )
 
 
+def closing_line(status: str, t: DatasetCounters, where: str) -> str:
+    """The run's last line: how it ended, answered of total, failed, skipped for a budget,
+    pending, tokens and spend, and where the answers are."""
+    skipped = f"{t.skipped:,} skipped for the budget, " if t.skipped else ""
+    return (f"{status}: {t.done_before + t.done:,}/{t.total:,} answered "
+            f"({t.done:,} this session), {t.failed:,} failed, {t.exhausted:,} out of attempts, "
+            f"{skipped}{t.pending:,} pending, {t.output_tokens:,} output tokens, "
+            f"${t.cost:.4f} {where}")
+
+
 class ProgressDisplay:
     """Refreshes until cancelled. `live` forces the rich display on or off."""
 
