@@ -4,11 +4,13 @@ tokenizer), the verdict rules, and `draftgen run`'s use of the probe."""
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from draftgen.cli import app
@@ -19,7 +21,7 @@ from draftgen.probe.analyze import analyze
 from draftgen.probe.command import probe_config
 from draftgen.probe.exchange import WEATHER_TOOL, Exchange, probe_requests
 from draftgen.probe.model import AnswerReport
-from draftgen.probe.show import row, to_json
+from draftgen.probe.show import COLUMNS, findings, print_results, row, to_json
 from draftgen.probe.verdict import judge
 from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
@@ -296,6 +298,46 @@ def test_results_round_trip_and_key(tmp_path: Path, qwen3_dir: Path, qwen3: Form
         cfg.backends[0].model_copy(update={"reasoning": {"exclude": True}})]})
     assert backend_key(other, "b", "sha") != key
     assert backend_key(cfg, "b", "other-tokenizer") != key
+
+
+# ---- the table -----------------------------------------------------------------------------------
+
+
+def _printed(results: list[BackendProbe], width: int, terminal: bool, wide: bool = False) -> str:
+    out = io.StringIO()
+    console = Console(width=width, force_terminal=terminal, color_system=None, file=out)
+    if wide:
+        print_results(results, console, wide=True)
+    else:
+        print_results(results, console)
+    return out.getvalue()
+
+
+def _column(text: str, index: int) -> str:
+    """A table column's text, its cells' lines joined by spaces (rows in `│`)."""
+    cells = [line.split("│")[index + 1].strip() for line in text.splitlines()
+             if line.startswith("│")]
+    return " ".join(c for c in cells if c)
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "piped"])
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_table_fits_the_width_and_cuts_no_cell(tmp_path: Path, qwen3_dir: Path,
+                                                   qwen3: Format, width: int,
+                                                   terminal: bool) -> None:
+    r = probe_one(tmp_path, qwen3_dir, qwen3, "openrouter",
+                  {"mode": "openrouter", "prices": (0.5, 2.5), "providers": ["Alpha"],
+                   "quantizations": {"Alpha": "fp8"}})
+    text = _printed([r], width, terminal)
+    assert max(map(len, text.splitlines())) <= width, text
+    assert "…" not in text, text
+    assert _column(text, 0) == "b" and _column(text, 1) == "exact"
+    assert _column(text, 2) == findings(r)  # every check, wrapped at its spaces
+    assert "provider: Alpha (fp8)" in findings(r) and "logprobs: complete" in findings(r)
+    wide = _printed([r], 80, terminal, wide=True)
+    assert "…" not in wide
+    header = next(line for line in wide.splitlines() if "verdict" in line)
+    assert [c.strip() for c in header.strip("┃").split("┃")] == list(COLUMNS)
 
 
 # ---- the command ---------------------------------------------------------------------------------

@@ -316,6 +316,9 @@ def probe(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="run.yaml")],
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the results as JSON on stdout instead of a table.")] = False,
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="One column per check (about 120 columns) instead of each backend's "
+        "checks wrapped in one.")] = False,
     backend: Annotated[list[str] | None, typer.Option(
         "--backend", "-b", metavar="NAME",
         help="Probe only this backend (repeatable; default: all).")] = None,
@@ -355,7 +358,7 @@ def probe(
         sys.stdout.write(orjson.dumps(to_json(results), option=orjson.OPT_INDENT_2).decode()
                          + "\n")
     else:
-        print_results(results, _console(width=None if sys.stdout.isatty() else 160))
+        print_results(results, _console(), wide=wide)
     if note:
         _stderr().print(note, highlight=False)
     elif save and not as_json:

@@ -6,6 +6,7 @@ through `printable`, and through `for_console` where rich would read it as marku
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -45,3 +46,19 @@ def message_console(**options: Any) -> Console:
     console = Console(**options)
     console.soft_wrap = not console.is_terminal
     return console
+
+
+UNBOUNDED = 10_000
+"""The width renderables are measured in for `widen_to_fit`: as wide as their cells."""
+
+
+def widen_to_fit(console: Console, renderables: Iterable[Any]) -> None:
+    """Widen the console to what the renderables (tables) need with no cell wrapped or cut: a
+    `--wide` view, that a narrower terminal wraps line by line rather than rich cutting each
+    cell to "…"."""
+    from rich.measure import Measurement
+
+    unbounded = console.options.update_width(UNBOUNDED)
+    needed = max((Measurement.get(console, unbounded, r).maximum for r in renderables),
+                 default=0)
+    console.width = max(console.width, needed)

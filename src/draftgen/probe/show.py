@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from draftgen.printable import for_console
+from draftgen.printable import for_console, widen_to_fit
 from draftgen.probe.model import AnswerReport, BackendProbe
 
 _VERDICT_STYLE = {"exact": "bold green", "reconstructable": "bold yellow", "unsafe": "bold red"}
@@ -57,7 +57,8 @@ def row(r: BackendProbe) -> list[str]:
     ]
 
 
-def print_results(results: Sequence[BackendProbe], console: Console) -> None:
+def _wide_table(results: Sequence[BackendProbe]) -> Table:
+    """One column per check (about 120 columns wide)."""
     table = Table(title="probe", header_style="bold")
     for col in COLUMNS:
         table.add_column(col, justify="right" if col == "cost" else "left")
@@ -65,6 +66,39 @@ def print_results(results: Sequence[BackendProbe], console: Console) -> None:
         cells = [for_console(cell) for cell in row(r)]
         cells[1] = f"[{_VERDICT_STYLE[r.verdict]}]{r.verdict}[/]"
         table.add_row(*cells)
+    return table
+
+
+def findings(r: BackendProbe) -> str:
+    """The checks of one backend as one text, `name: value` joined by " · ", to wrap in a
+    narrow column."""
+    cells = row(r)
+    return " · ".join(f"{name}: {value}" for name, value in zip(COLUMNS[2:-1], cells[2:-1],
+                                                                strict=True))
+
+
+def _narrow_table(results: Sequence[BackendProbe]) -> Table:
+    """backend, verdict, the checks wrapped in one column, cost: fits 80 columns."""
+    table = Table(title="probe", header_style="bold")
+    table.add_column("backend", overflow="fold")
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("checks")
+    table.add_column("cost", justify="right", no_wrap=True)
+    for r in results:
+        cells = row(r)
+        table.add_row(for_console(r.backend), f"[{_VERDICT_STYLE[r.verdict]}]{r.verdict}[/]",
+                      for_console(findings(r)), for_console(cells[-1]))
+    return table
+
+
+def print_results(results: Sequence[BackendProbe], console: Console,
+                  wide: bool = False) -> None:
+    """The results table, the problems and warnings, the spend. The table puts each check in
+    its own column with `wide` (printed at the width it needs), else the checks of a backend
+    wrapped in one column, to fit the console."""
+    table = _wide_table(results) if wide else _narrow_table(results)
+    if wide:
+        widen_to_fit(console, [table])
     console.print(table)
     for r in results:
         for p in r.problems:

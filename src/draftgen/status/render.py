@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from draftgen.printable import for_console
+from draftgen.printable import for_console, widen_to_fit
 from draftgen.status.brief import render_brief
 from draftgen.status.collect import collect_status
 from draftgen.status.conversation_counts import TrajectoryStatus
@@ -18,8 +18,6 @@ from draftgen.status.model import WINDOW_S, RunStatus, ShardStatus, StatusError
 from draftgen.status.text import duration, headline, n, rate_text, spent_text, when
 from draftgen.tally import Tally
 
-UNBOUNDED = 10_000
-"""The width tables are measured in: as wide as their cells."""
 WIDE_HELP = ("every table: each dataset's numbers, by backend, by provider, conversations, "
              "shards (as wide as they need)")
 
@@ -40,14 +38,8 @@ def render_status(st: RunStatus, console: Any, wide: bool = False) -> None:
     if not wide:
         render_brief(st, console)
         return
-    from rich.measure import Measurement
-
     parts = wide_parts(st)
-    unbounded = console.options.update_width(UNBOUNDED)
-    needed = max(Measurement.get(console, unbounded, p).maximum for p in parts
-                 if not isinstance(p, str))
-    if needed > console.width:
-        console.width = needed
+    widen_to_fit(console, [p for p in parts if not isinstance(p, str)])
     for part in parts:
         console.print(part, highlight=False)
 
