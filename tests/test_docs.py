@@ -1,8 +1,9 @@
 """The docs cannot drift from the code or break: the generated reference pages are what
 scripts/gen_docs.py makes of the code now, every field has the docstring that is its row, every
 relative link of the README and of docs/ reaches a file and a heading that exist (as GitHub
-and the site resolve them), every page is in the site's nav, and the README's first real run
-is a config that loads. (.ci/run also builds the site with `mkdocs build --strict`.)"""
+and the site resolve them), every page is in the site's nav, the README's first real run
+is a config that loads, and the reference pages' code blocks fit 80 columns. (.ci/run also
+builds the site with `mkdocs build --strict`.)"""
 
 from __future__ import annotations
 
@@ -114,3 +115,16 @@ def test_the_first_real_run_is_a_config_that_loads(page: str, tmp_path: Path) ->
     path.write_text(first, encoding="utf-8")
     config = load_config(path)
     assert config.budget.usd is not None and config.backends[0].is_paid
+
+
+CODE_COLUMNS = 80
+"""What a code block of the site shows without scrolling, beside the navigation."""
+
+
+@pytest.mark.parametrize("page", ["configuration.md", "run-folder.md"])
+def test_the_reference_pages_code_blocks_fit_80_columns(page: str) -> None:
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", (DOCS / page).read_text(encoding="utf-8"),
+                        re.S | re.M)
+    long = [line for block in blocks for line in block.splitlines()
+            if len(line) > CODE_COLUMNS]
+    assert not long, f"docs/{page}: code lines cut off on the right: {long}"
