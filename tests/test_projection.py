@@ -5,6 +5,8 @@ really cost."""
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from draftgen.run.projection import (
     projected_prices,
 )
 from draftgen.run.render import render_each
+from draftgen.run.state import Outcome
 from draftgen.status import collect_status
 from draftgen.testing.fake_engine import TestServer
 from tests.e2e_helpers import fast_backend, run_config, write_config
@@ -169,3 +172,116 @@ def test_a_stored_probe_price_that_is_no_price_is_not_used(tmp_path: Path, price
                         price={"prompt": 1.0, "completion": 2.0}).as_dict()
     record_probe(run_json, {"or": good, "bad": {**good, "backend": "bad", "price": price}})
     assert set(probed_prices(run_json)) == {"or"}
+
+
+# ---- the dry run against the run that follows: a paid OpenRouter backend and a small budget ---
+
+LISTING = (2.0, 8.0)
+"""The test engine's price (per million prompt / output tokens), listed by its `GET /models`."""
+LONG = {"reasoning_tokens": (10, 60), "content_tokens": (10, 60), "latency_s": 0.02}
+
+
+def _openrouter_config(tmp_path: Path, qwen3_dir: Path, url: str, **top: Any) -> Path:
+    """120 prompts of about 400 tokens for an OpenRouter backend with no price in its config
+    (its listing gives it); a run with the default of no probe."""
+    rows = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"Question {i}: "
+             + "tell me about the weather in Paris and more. " * 40}]} for i in range(120)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    return write_config(tmp_path, qwen3_dir,
+                        backends=[fast_backend("or", "openrouter", url + "/api/v1",
+                                               concurrency=4)],
+                        datasets=[{"name": "d", "path": str(data)}],
+                        sampling={"max_tokens": 256}, **top)
+
+
+def _dry_run(cfg: Path, server: TestServer) -> str:
+    """`draftgen run --dry-run`'s output, checked to have sent no chat request (the draftgen
+    logger the CLI points at CliRunner's stream is put back for the run that follows)."""
+    logger = logging.getLogger("draftgen")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    before = server.stats["requests"].get("chat", 0)
+    try:
+        result = CliRunner().invoke(app, ["run", "--dry-run", str(cfg)])
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved
+    assert result.exit_code == 0, result.output
+    assert server.stats["requests"].get("chat", 0) == before, "the dry run sent a chat request"
+    return result.output
+
+
+def _stated_stop(output: str) -> tuple[str, int, int]:
+    """The dry run's `stops first` line: the limit, and the range of prompts after which."""
+    line = next(x for x in output.splitlines() if x.startswith("stops first: "))
+    found = re.search(r"after ~?[\d,]* ?(?:more prompts )?\(?([\d,]+) – ([\d,]+)", line)
+    assert found, line
+    low, high = (int(g.replace(",", "")) for g in found.groups())
+    return line.removeprefix("stops first: ").split(" ")[0], low, high
+
+
+def _answered(outcome: Outcome) -> int:
+    assert outcome.counters is not None
+    return outcome.counters.total().done
+
+
+def test_the_dry_run_names_the_budget_that_stops_the_run_and_after_how_many(
+        tmp_path: Path, qwen3_dir: Path) -> None:
+    """Nothing on disk: the price comes from the endpoint's listing, and the output tokens lie
+    between one and max_tokens; a budget that even the least of that cannot hold for all
+    prompts is named as what stops the run, after a range of prompts the run then keeps."""
+    with TestServer(mode="openrouter", prices=LISTING, **LONG) as server:
+        cfg = _openrouter_config(tmp_path, qwen3_dir, server.url, budget={"usd": 0.05})
+        output = _dry_run(cfg, server)
+        outcome = run_config(cfg)
+    limit, low, high = _stated_stop(output)
+    print(output, f"answered {_answered(outcome)}")
+    assert "price of or: $2 / $8 per million" in output
+    assert outcome.status == "budget" and limit == "budget.usd"
+    assert low <= _answered(outcome) <= high < 120
+
+
+def test_priced_answers_on_disk_project_a_number_and_the_stop(tmp_path: Path,
+                                                              qwen3_dir: Path) -> None:
+    """30 prompts answered (and billed) first; the dry run for all 120 under a budget that
+    stops the run before them projects dollars from those answers' costs (a number, never
+    `?`), and the run that follows stops by that budget after a number of prompts in the
+    stated range, counting what the first session spent."""
+    with TestServer(mode="openrouter", prices=LISTING, **LONG) as server:
+        cfg = _openrouter_config(tmp_path, qwen3_dir, server.url)
+        data = yaml.safe_load(cfg.read_text())
+        data["datasets"][0]["max_prompts"] = 30
+        cfg.write_text(yaml.safe_dump(data))
+        assert run_config(cfg).status == "completed"
+        spent = collect_status(tmp_path / "run").total.sums.cost
+        del data["datasets"][0]["max_prompts"]
+        data["budget"] = {"usd": round(spent * 2.5, 4)}  # about 45 more answers' worth
+        cfg.write_text(yaml.safe_dump(data))
+        output = _dry_run(cfg, server)
+        outcome = run_config(cfg)
+    print(output, f"answered {_answered(outcome)}")
+    projection = output.splitlines()[output.splitlines().index("projection"):]
+    row = next(x for x in projection if x.startswith("│ d "))
+    assert re.search(r"│ +\$\d+\.\d{4} \(\$[\d.]+ – \$[\d.]+\) │ costs on disk \(30\)", row), row
+    limit, low, high = _stated_stop(output)
+    assert outcome.status == "budget" and limit == "budget.usd"
+    assert low <= _answered(outcome) <= high < 90
+
+
+def test_costs_on_disk_project_dollars_without_a_price(tmp_path: Path, qwen3_dir: Path) -> None:
+    """A paid backend whose price is not known (no listing could be read): the costs of the
+    answers on disk still give the dollars expected and where the budget stops the run."""
+    import numpy as np
+
+    cfg = load_config(_openrouter_config(tmp_path, qwen3_dir, "http://127.0.0.1:9",
+                                         budget={"usd": 1.0}))
+    costs = np.full(40, 0.01)
+    costs[::2] = 0.02
+    work = [DatasetWork("d", [400] * 80, 40, None, None, costs, float(costs.sum()))]
+    p = project(cfg, work, {"or": None}, None)
+    row = p.datasets[0]
+    assert row.usd_expected == pytest.approx(80 * 0.015)
+    assert row.usd_low is not None and row.usd_high is not None
+    assert row.usd_low < row.usd_expected < row.usd_high
+    # $0.40 left, $0.02 the dearest answer on disk: about 26 more answers
+    assert p.stop.limit == "budget.usd" and p.stop.after == 26
+    assert p.stop.low is not None and p.stop.high is not None
+    assert p.stop.low <= 26 <= p.stop.high < 80

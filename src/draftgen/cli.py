@@ -176,7 +176,8 @@ def run(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="run.yaml")],
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Validate the config, read every dataset, load the tokenizer, "
-        "print counts and bad rows; send nothing.")] = False,
+        "print counts and bad rows, what the run will cost and which limit stops it first; "
+        "send no prompt (a paid API's price listing is read: it is free).")] = False,
     no_live: Annotated[bool, typer.Option(
         "--no-live", help="Plain periodic log lines instead of the live table.")] = False,
     no_probe: Annotated[bool, typer.Option(
