@@ -4,6 +4,8 @@ description column wide, options in their panels, examples at the end."""
 from __future__ import annotations
 
 import re
+import tomllib
+from pathlib import Path
 
 import pytest
 import typer.main
@@ -108,3 +110,18 @@ def test_datasets_shows_one_preset_in_full() -> None:
     assert "subset: geometry" in result.output and "prompt: '{problem}'" in result.output
     unknown = CliRunner().invoke(app, ["datasets", "nope"], env={"COLUMNS": "80"})
     assert unknown.exit_code == 2 and "unknown preset 'nope'" in unknown.output
+
+
+def test_version_prints_the_packages_version() -> None:
+    pyproject = Path(__file__).parents[1] / "pyproject.toml"
+    version = tomllib.loads(pyproject.read_text())["project"]["version"]
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"draftgen {version}\n"
+
+
+@pytest.mark.parametrize("args", [[], ["status"], ["export"]])
+def test_h_is_help(args: list[str]) -> None:
+    short = CliRunner().invoke(app, [*args, "-h"], env={"COLUMNS": "80"})
+    assert short.exit_code == 0, short.output
+    assert short.output == _help(args, 80)

@@ -48,7 +48,7 @@ class _Commands(HelpGroup):
 
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
-                  help="Token-exact training data for speculative-decoding draft models.")
+                  context_settings={"help_option_names": ["-h", "--help"]})
 log = logging.getLogger("draftgen")
 
 GENERATE, INSPECT, WRITE_OUT = "Generate", "Inspect a run", "Write out"
@@ -164,6 +164,23 @@ def _warn_if_template_disagrees(fmt: Any) -> None:
     warning = disagreement_warning(fmt)
     if warning:
         _stderr().print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from draftgen import __version__
+
+        typer.echo(f"draftgen {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print draftgen's version and exit.")] = False,
+) -> None:
+    """Token-exact training data for speculative-decoding draft models."""
 
 
 @app.command(cls=HelpCommand, rich_help_panel=GENERATE,
