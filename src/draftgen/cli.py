@@ -107,6 +107,22 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _run_folder(path: Path) -> Path:
+    """RUN_DIR as given, or the `output_dir` of the run config given in its place (the file
+    `draftgen run` takes; an invalid one is refused as `run` refuses it)."""
+    if not path.is_file():
+        return path
+    from draftgen.config import load_config
+
+    return Path(load_config(path).output_dir)
+
+
+RunDir = Annotated[Path, typer.Argument(
+    metavar="RUN_DIR", callback=_run_folder,
+    help="The run's output_dir, or the run.yaml that names it.")]
+"""The run folder argument of the commands that read or stop a run."""
+
+
 def _check_backend_keys(cfg: RunConfig) -> None:
     for backend in cfg.backends:
         backend.api_key()  # raises ConfigError naming the variable, never showing a value
@@ -433,7 +449,7 @@ def check_format(
              short_help="Stop a running `draftgen run` (graceful unless --now).",
              epilog=_examples("draftgen stop runs/qwen3", "draftgen stop runs/qwen3 --now"))
 def stop(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
+    run_dir: RunDir,
     now: Annotated[bool, typer.Option(
         "--now", help="Abort requests in flight instead of waiting for them.")] = False,
 ) -> None:
@@ -474,7 +490,7 @@ def stop(
     "    --overlong truncate --val-fraction 0.02",
     "draftgen export runs/qwen3 -f parquet -o out/pq --no-checks --min-check any"))
 def export(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
+    run_dir: RunDir,
     fmt: Annotated[ExportFormat, typer.Option(
         "--format", "-f", rich_help_panel=WHAT_TO_WRITE,
         help="speculators (HF save_to_disk Arrow), specforge (pre-tokenized, "
@@ -573,7 +589,7 @@ def export(
              epilog=_examples("draftgen report runs/qwen3",
                               "draftgen report runs/qwen3 -o /tmp/qwen3-report"))
 def report(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
+    run_dir: RunDir,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Folder for index.html and the PNGs (default: RUN_DIR/report).")
         ] = None,
@@ -596,7 +612,7 @@ def report(
                               "draftgen status runs/qwen3 --wide | less -S",
                               "draftgen status runs/qwen3 --json | jq .datasets"))
 def status(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
+    run_dir: RunDir,
     wide: Annotated[bool, typer.Option(
         "--wide", help="Every table: each dataset's numbers, by backend, by provider, "
         "conversations, shards (as wide as they need).")] = False,
@@ -616,7 +632,7 @@ def status(
              epilog=_examples("draftgen audit runs/qwen3",
                               "draftgen audit runs/qwen3 --quarantine  # then run again"))
 def audit(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The run's output_dir")],
+    run_dir: RunDir,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     quarantine: Annotated[bool, typer.Option(
         "--quarantine", help="Move failing answers from responses.jsonl to quarantine.jsonl "
