@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import re
 import subprocess
 import sys
 import time
@@ -15,8 +16,9 @@ from typing import Any
 import orjson
 import pytest
 import yaml
+from typer.testing import CliRunner
 
-from draftgen.audit import audit_run
+from draftgen.audit import PROBLEMS, audit_run
 from draftgen.audit.checks import (
     LooseRecord,
     TokenSpec,
@@ -27,6 +29,7 @@ from draftgen.audit.checks import (
 )
 from draftgen.audit.engine import Auditor, Routing
 from draftgen.audit.quarantine import QuarantineError, quarantine
+from draftgen.cli import app
 from draftgen.export.checks import audit_problems
 from draftgen.formats import get_format
 from draftgen.status import collect_status
@@ -44,6 +47,7 @@ from tests.e2e_helpers import (
     write_config,
     write_jsonl,
 )
+from tests.test_export import write_run
 
 IM_END, END_THINK, TOOL_CALL, END_TOOL_CALL = 151645, 151668, 151657, 151658
 ROUTING = {"ignore": ["fireworks"], "quantizations": ["fp8", "bf16"]}
@@ -201,6 +205,32 @@ def test_each_defect_is_caught_by_its_check(base_run: Path, tmp_path: Path) -> N
                            "--json", "-j", "1"], capture_output=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert orjson.loads(proc.stdout)["checks"]["duplicate_id"]["failed"] == 1
+
+
+def _audit_output(run_dir: Path, *options: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["audit", str(run_dir), "-j", "1", *options],
+                                env={"COLUMNS": "200"})
+    return result.exit_code, result.output
+
+
+def _checks_named(output: str) -> set[str]:
+    return {code for code in PROBLEMS if re.search(rf"\b{code}\b", output)}
+
+
+def test_only_failing_checks_are_listed_unless_all_checks(base_run: Path, tmp_path: Path,
+                                                          qwen3_tok: Tokenizer) -> None:
+    code, output = _audit_output(base_run)
+    assert code == 0 and "all answers pass" in output
+    assert output.count("\n") == 1 and not _checks_named(output), output
+    code, output = _audit_output(base_run, "--all-checks")
+    assert code == 0 and _checks_named(output) == set(PROBLEMS), output
+    failing = write_run(tmp_path, qwen3_tok, {"chat": 12})  # one answer lacks its stop token
+    code, output = _audit_output(failing)
+    assert code == 1 and "1 failing line(s)" in output
+    assert _checks_named(output) == {"stop_token_missing"}, output
+    assert "chat-0009" in output and "by backend" in output
+    code, output = _audit_output(failing, "--all-checks")
+    assert code == 1 and _checks_named(output) == set(PROBLEMS), output
 
 
 def _failing_ids(report: Any, root: Path) -> dict[str, list[str]]:

@@ -642,6 +642,9 @@ def audit(
         "--workers", "-j", help="Worker processes (default: one per CPU).")] = None,
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="tokenizer.json to use instead of the one run.json names.")] = None,
+    all_checks: Annotated[bool, typer.Option(
+        "--all-checks", help="List every check with its count, passed ones too (by default "
+        "only the failing checks).")] = False,
 ) -> None:
     """Check every answer's tokens against the run's model format. Stop and reasoning tokens, tool
     tokens, prompt IDs, decoded text, token_check claims, provider routing, duplicate IDs. Exit
@@ -666,7 +669,7 @@ def audit(
     if as_json:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        render_report(report, _console(soft_wrap=True))
+        render_report(report, _console(soft_wrap=True), all_checks=all_checks)
         if moved is not None:
             for name, n in moved.moved.items():
                 _console().print(f"{name}: {n:,} failing lines moved to {name}/quarantine.jsonl; "

@@ -198,7 +198,9 @@ def _dataset_json(d: DatasetAudit) -> dict[str, Any]:
             "problems": dict(d.problems.most_common()), "torn_tail_bytes": d.torn_tail_bytes}
 
 
-def render_report(report: AuditReport, console: Any) -> None:
+def render_report(report: AuditReport, console: Any, *, all_checks: bool = False) -> None:
+    """The summary line, then the checks some answer fails and where those answers came from
+    (by backend, by provider); `all_checks` lists every check and group, failed or not."""
     from rich.table import Table
 
     from draftgen.printable import for_console
@@ -207,27 +209,12 @@ def render_report(report: AuditReport, console: Any) -> None:
     console.print(f"[bold]{report.root}[/] · {report.answers:,} answers audited against "
                   f"format {report.format} ({report.tokenizer}) in {report.seconds:.1f}s · "
                   f"{verdict}", highlight=False)
-    datasets = report.by_dataset()
-    names = list(datasets)
-    table = Table(header_style="bold")
-    table.add_column("check")
-    for name in names:
-        table.add_column(name, justify="right")
-    if len(names) > 1:
-        table.add_column("total", justify="right")
-    table.add_column("examples")
-    table.add_row("answers", *[f"{datasets[n].answers:,}" for n in names],
-                  *([f"{report.answers:,}"] if len(names) > 1 else []), "", style="dim")
-    for code in PROBLEMS:
-        total = report.problems.get(code, 0)
-        per = [f"{datasets[n].problems.get(code, 0):,}" for n in names]
-        style = "red" if total else None
-        table.add_row(code, *per, *([f"{total:,}"] if len(names) > 1 else []),
-                      ", ".join(report.examples.get(code, [])), style=style)
-    console.print(table)
+    shown = [code for code in PROBLEMS if all_checks or report.problems.get(code, 0)]
+    if shown:
+        console.print(_checks_table(report, shown))
     for kind, title in (("backend", "by backend"), ("provider", "by provider/quantization")):
         groups = report._group_json(kind)
-        if not groups:
+        if not groups or not shown:
             continue
         t = Table(title=title, title_justify="left", header_style="bold")
         for col in ("", "answers", "failing checks"):
@@ -242,6 +229,29 @@ def render_report(report: AuditReport, console: Any) -> None:
         console.print(_folders_table(report))
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def _checks_table(report: AuditReport, codes: list[str]) -> Any:
+    """The answers of each dataset, and how many fail each of `codes`, with examples."""
+    from rich.table import Table
+
+    datasets = report.by_dataset()
+    names = list(datasets)
+    table = Table(header_style="bold")
+    table.add_column("check")
+    for name in names:
+        table.add_column(name, justify="right")
+    if len(names) > 1:
+        table.add_column("total", justify="right")
+    table.add_column("examples")
+    table.add_row("answers", *[f"{datasets[n].answers:,}" for n in names],
+                  *([f"{report.answers:,}"] if len(names) > 1 else []), "", style="dim")
+    for code in codes:
+        total = report.problems.get(code, 0)
+        per = [f"{datasets[n].problems.get(code, 0):,}" for n in names]
+        table.add_row(code, *per, *([f"{total:,}"] if len(names) > 1 else []),
+                      ", ".join(report.examples.get(code, [])), style="red" if total else None)
+    return table
 
 
 def _verdict(report: AuditReport) -> str:
