@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+import yaml
 
 from draftgen.backends import (
     LlamaCppChatBackend,
@@ -75,15 +76,68 @@ def test_a_key_of_another_type_is_refused_naming_backend_key_and_types(
 
 
 def test_unknown_and_missing_keys_say_what_they_said(tmp_path: Path) -> None:
-    assert "backends.0.concurency: unknown key (typo?)" in _error(
+    assert "backends.0.concurency: unknown key; did you mean `concurrency`?" in _error(
         tmp_path, {"name": "b", "type": "sglang", "url": URL, "concurency": 3})
     assert "backends.0.type: Field required" in _error(tmp_path, {"name": "b", "url": URL})
     assert ("backends.0.type: Input should be 'openai', 'openrouter', 'vllm', 'sglang' or "
             "'llamacpp'") in _error(tmp_path, {"name": "b", "type": "tgi", "url": URL})
-    assert "backends.0: Value error, url: required" in _error(
+    assert "backends.0: url: required" in _error(
         tmp_path, {"name": "b", "type": "openai"})
-    assert "backends.0: Value error, llamacpp: give exactly one of url" in _error(
+    assert "backends.0: llamacpp: give exactly one of url" in _error(
         tmp_path, {"name": "b", "type": "llamacpp"})
+
+
+def _run_error(tmp_path: Path, yaml_text: str) -> str:
+    """The error of a valid config with `yaml_text`'s keys put in."""
+    config = {"output_dir": "out", "model": {"name": "m", "format": "qwen3", "tokenizer": "t"},
+              "datasets": [{"name": "d", "path": "d.jsonl"}],
+              "backends": [{"name": "b", "type": "sglang", "url": URL}],
+              **yaml.safe_load(yaml_text)}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("yaml_text,says", [
+    ("output_dri: x\n", "  output_dri: unknown key; did you mean `output_dir`?"),
+    ("budget: {uds: 1}\n", "  budget.uds: unknown key; did you mean `usd`?"),
+    ("sampling: {temprature: 1.0}\n",
+     "  sampling.temprature: unknown key; did you mean `temperature`?"),
+    ("datasets: [{name: d, path: d.jsonl, sampling_mix: [{weight: 1, top_pp: 0.9}]}]\n",
+     "  datasets.0.sampling_mix.0.top_pp: unknown key; did you mean `top_p`?"),
+    ("datasets: [{name: d, path: d.jsonl, rows: {answr: x}}]\n",
+     "  datasets.0.rows.answr: unknown key; did you mean `answer`?"),
+    ("zzz: 1\n", "  zzz: unknown key (typo?)"),
+])
+def test_an_unknown_key_names_the_closest_key_of_its_model(tmp_path: Path, yaml_text: str,
+                                                            says: str) -> None:
+    assert says in _error_lines(_run_error(tmp_path, yaml_text))
+
+
+def _error_lines(message: str) -> list[str]:
+    return message.splitlines()[1:]
+
+
+@pytest.mark.parametrize("backend,says", [
+    ({"type": "llamacpp", "url": URL, "server_arg": ["-t"]},
+     "backends.0.server_arg: unknown key; did you mean `server_args`?"),
+    ({"type": "openrouter", "url": URL, "reasonning": {"effort": "low"}},
+     "backends.0.reasonning: unknown key; did you mean `reasoning`?"),
+    ({"type": "openai", "url": URL, "price": {"promt": 1.0, "completion": 1.0}},
+     "backends.0.price.promt: unknown key; did you mean `prompt`?"),
+])
+def test_an_unknown_backend_key_names_the_closest_key_of_its_type(
+        tmp_path: Path, backend: dict[str, Any], says: str) -> None:
+    assert f"  {says}" in _error_lines(_error(tmp_path, {"name": "b", **backend}))
+
+
+def test_no_error_says_value_error(tmp_path: Path) -> None:
+    message = _run_error(tmp_path, "sampling: {extra: {max_tokens: 5}}\n"
+                                   "budget: {usd: -1}\n")
+    assert "sampling.extra: max_tokens: set by draftgen itself" in message, message
+    assert "Value error" not in message, message
 
 
 def test_every_backend_dumps_every_type_key() -> None:

@@ -315,11 +315,11 @@ def test_config_expands_presets(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("entry", "says"), [
-    ("{preset: ultrachet}", "datasets: Value error, datasets.0: unknown preset 'ultrachet'"),
+    ("{preset: ultrachet}", "datasets: datasets.0: unknown preset 'ultrachet'"),
     ("{preset: camel/maths}", "preset 'camel' has no part 'maths'"),
     ("{preset_mix: nope}", "unknown preset_mix 'nope'"),
     ("{preset_mix: eagle3-chat, sets: {gsm8k: {limit: 1}}}", "not in mix 'eagle3-chat'"),
-    ("{name: d, path: d.jsonl, rows: {answer: '{x}'}}", "datasets.0.rows: Value error, answer:"),
+    ("{name: d, path: d.jsonl, rows: {answer: '{x}'}}", "datasets.0.rows: answer:"),
     ("{preset: gsm8k, colour: red}", "datasets.0.colour: unknown key"),
 ])
 def test_config_errors_name_the_entry(tmp_path: Path, entry: str, says: str) -> None:

@@ -29,7 +29,7 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema, ErrorDetails
 
-from draftgen.config.base import ConfigError, StrictModel, refuse_managed_keys
+from draftgen.config.base import ConfigError, StrictModel, refuse_managed_keys, unknown_key
 from draftgen.redact import keep_secret, keep_url_secrets
 from draftgen.urls import strip_trailing_slash
 
@@ -292,7 +292,8 @@ def _types_with_key(key: str) -> list[str]:
 def backend_error(e: ErrorDetails, data: Any) -> tuple[tuple[int | str, ...], str]:
     """An error under `backends`, where and what, as if one model held every backend type's
     keys: without the type pydantic puts in the location (`backends.0.sglang.provider`), a
-    missing or unknown type said of `type`, and another type's key named as such."""
+    missing or unknown type said of `type`, another type's key named as such, and an unknown
+    key with the type's key closest to it."""
     loc, msg = e["loc"], e["msg"]
     types = backend_types()
     if e["type"] == "union_tag_not_found":
@@ -302,11 +303,13 @@ def backend_error(e: ErrorDetails, data: Any) -> tuple[tuple[int | str, ...], st
     if len(loc) < 3 or loc[2] not in types:
         return loc, msg
     backend_type, loc = loc[2], (*loc[:2], *loc[3:])
-    owners = _types_with_key(str(loc[-1])) if e["type"] == "extra_forbidden" else []
+    if e["type"] != "extra_forbidden":
+        return loc, msg
+    owners = _types_with_key(str(loc[-1]))
     if len(loc) == 3 and owners:
-        msg = f"only for type {either(owners)}; backend {_backend_name(data, loc[1])}" \
-              f"is type {backend_type}"
-    return loc, msg
+        return loc, (f"only for type {either(owners)}; backend {_backend_name(data, loc[1])}"
+                     f"is type {backend_type}")
+    return loc, unknown_key(types[backend_type], loc[2:])
 
 
 def either(names: Sequence[str]) -> str:

@@ -4,7 +4,10 @@ types' config models (`backends.registry`), which both build on it."""
 
 from __future__ import annotations
 
+import difflib
 import math
+import typing
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -38,6 +41,48 @@ def refuse_managed_keys(extra: dict[str, Any]) -> dict[str, Any]:
             "from sampling.max_tokens and the budgets, the prompt, stream and logprobs from "
             "the backend's settings); remove them from here")
     return extra
+
+
+def models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's annotation holds: itself, or those inside `X | None`, unions,
+    `list[X]`, `dict[str, X]` and `Annotated[X, ...]`."""
+    if isinstance(annotation, type):
+        return [annotation] if issubclass(annotation, BaseModel) else []
+    return [m for arg in typing.get_args(annotation) for m in models_in(arg)]
+
+
+def keys_at(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
+    """The keys allowed at `loc` inside `model`, a validation error's location: each name a
+    field of a model below steps into that field's models; a list index, a dict's key or a
+    union member's name (pydantic puts the member's class or tag in the location) does not."""
+    models = [model]
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        inner = [m for owner in models if part in owner.model_fields
+                 for m in models_in(owner.model_fields[part].annotation)]
+        member = [m for m in models if part in (m.__name__, *_tags(m))]
+        models = inner or member or models
+    return sorted({key for m in models for key in m.model_fields})
+
+
+def _tags(model: type[BaseModel]) -> tuple[Any, ...]:
+    """The values of the model's `type: Literal[...]` key, which a discriminated union names it
+    by."""
+    field = model.model_fields.get("type")
+    return typing.get_args(field.annotation) if field is not None else ()
+
+
+def unknown_key(model: type[BaseModel], loc: Sequence[int | str]) -> str:
+    """What to say of the key at `loc` (inside `model`) that no model there takes: the allowed
+    key closest to it, if one is close."""
+    close = difflib.get_close_matches(str(loc[-1]), keys_at(model, loc[:-1]), n=1)
+    return f"unknown key; did you mean `{close[0]}`?" if close else "unknown key (typo?)"
+
+
+def error_text(message: str) -> str:
+    """A pydantic error message without the prefix it gives a validator's ValueError."""
+    return message.removeprefix("Value error, ")
 
 
 def non_finite(value: Any) -> float | None:

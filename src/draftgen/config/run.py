@@ -12,7 +12,14 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from draftgen.assets import resolve_builtin
 from draftgen.config.backends import BackendConfig, backend_error
-from draftgen.config.base import TOKENS_MAX, ConfigError, StrictModel, refuse_managed_keys
+from draftgen.config.base import (
+    TOKENS_MAX,
+    ConfigError,
+    StrictModel,
+    error_text,
+    refuse_managed_keys,
+    unknown_key,
+)
 from draftgen.redact import REDACTED, redact_value
 
 RESERVED_FOLDERS = frozenset({"shards"})
@@ -296,12 +303,15 @@ class RunConfig(StrictModel):
 def _format_validation_error(path: Path, err: ValidationError, data: Any) -> str:
     lines = [f"{path}: invalid config"]
     for e in err.errors():
-        loc, msg = (e["loc"], e["msg"]) if e["loc"][:1] != ("backends",) \
-            else backend_error(e, data)
-        if e["type"] == "extra_forbidden" and msg == e["msg"]:
-            msg = "unknown key (typo?)"
+        if e["loc"][:1] == ("backends",):
+            loc, msg = backend_error(e, data)
+        elif e["type"] == "extra_forbidden":
+            loc, msg = e["loc"], unknown_key(RunConfig, e["loc"])
+        else:
+            loc, msg = e["loc"], e["msg"]
+        msg = error_text(msg)
         if not loc and e["type"] == "value_error":  # a check across keys names its keys
-            lines.append(f"  {msg.removeprefix('Value error, ')}")
+            lines.append(f"  {msg}")
             continue
         where = ".".join(str(p) for p in loc) or "(top level)"
         lines.append(f"  {where}: {msg}")
