@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import base64
+import html
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +23,18 @@ from draftgen.report import write_report
 from draftgen.report.collect import Reservoir, Timeline, collect, plot_bin_s
 from draftgen.report.page import SECTIONS
 from draftgen.report.plots import spend_over_time
+from draftgen.store.journal import read_journal
+from draftgen.testing.fake_engine import TestServer
 from draftgen.tokenize import Tokenizer
+from tests.e2e_helpers import (
+    fast_backend,
+    read_records,
+    run_config,
+    wait_for_lines,
+    write_config,
+    write_jsonl,
+)
+from tests.reliability.helpers import no_probe, prompt_rows, wait_until
 from tests.test_export import write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -207,3 +222,68 @@ def test_a_long_run_keeps_a_bounded_timeline_and_plots_about_120_points() -> Non
     series = timeline.series(bin_s)
     assert 60 <= len(series) <= 120
     assert sum(answers for _, answers, _ in series) == len(range(0, week, 7))
+
+
+def _sessions_rows(page: str) -> list[list[str]]:
+    table = page.split('<table id="sessions">')[1].split("</table>")[0]
+    body = table.split("<tbody>")[1]
+    return [re.findall(r"<td>(.*?)</td>", row) for row in body.split("</tr>") if "<td>" in row]
+
+
+def _budget_note(page: str) -> str:
+    found = re.search(r'<p class="note" id="budget-note">(.*?)</p>', page)
+    return html.unescape(found.group(1)) if found else ""
+
+
+@pytest.mark.slow
+def test_a_killed_session_shows_what_it_wrote_and_the_budget_says_why_it_differs(
+        tmp_path: Path, qwen3_dir: Path) -> None:
+    """kill -9 with paid requests in flight: the report counts the session's answers and
+    spend from the records it left and calls it killed; the budget's figure, which holds the
+    requests in flight at their worst case, is explained; after a resume too."""
+    run_dir = tmp_path / "run"
+    responses, journal = run_dir / "d" / "responses.jsonl", run_dir / "journal.jsonl"
+    data = write_jsonl(tmp_path / "d.jsonl", prompt_rows(60))
+    with TestServer(latency_s=0.3, reasoning_tokens=(5, 10), content_tokens=(5, 10)) as server:
+        cfg = write_config(tmp_path, qwen3_dir, backends=[fast_backend(
+            "paid", "openai", server.url, concurrency=8,
+            price={"prompt": 0.0, "completion": 1000.0})],
+            datasets=[{"name": "d", "path": str(data)}], sampling={"max_tokens": 64},
+            budget={"usd": 100.0}, fsync_interval_s=0)
+        proc = subprocess.Popen([sys.executable, "-m", "draftgen", "run", str(cfg), "--no-live",
+                                 *no_probe()], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            wait_for_lines(responses, 10)
+            wait_until(lambda: server.stats["in_flight"] >= 4, 30, "requests in flight")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        records = read_records(run_dir, "d")
+        answered = {r["id"] for r in records}
+        spent = sum(r["cost_usd"] for r in records)
+        in_flight = sum(r.usd for r in read_journal(journal).open if r.id not in answered)
+        assert in_flight > 0
+
+        page = write_report(run_dir, tmp_path / "r1").index.read_text()
+        [killed] = _sessions_rows(page)
+        assert killed[3:] == ["killed: ended without closing", str(len(records)), "0",
+                              str(round(spent, 6))], killed
+        assert killed[2].endswith("(its last write)")
+        note = _budget_note(page)
+        assert note.startswith(f"budget.usd counts ${spent + in_flight:,.4f} spent, not the "
+                               f"answers' ${spent:,.4f}"), note
+        assert f"${in_flight:,.4f} at most, by the requests in flight when the last session "\
+               "was killed" in note, note
+
+        outcome = run_config(cfg)
+        assert outcome.status == "completed", outcome.message
+    page = write_report(run_dir, tmp_path / "r2").index.read_text()
+    first, second = _sessions_rows(page)
+    assert first[3:5] == ["killed: ended without closing", str(len(records))], first
+    assert second[3:5] == ["completed", str(60 - len(records))], second
+    unsettled = orjson.loads((run_dir / "run.json").read_bytes())["sessions"][0][
+        "unsettled_usd"]
+    assert unsettled == pytest.approx(in_flight)
+    assert f"${unsettled:,.4f} by earlier sessions' paid requests with no answer on disk" \
+        in _budget_note(page)

@@ -74,6 +74,17 @@ class SourceSession:
     session: Session
     shard: str | None = None
     """The folder's shard (e.g. "0/4") in a sharded run."""
+    folder: Path = Path()
+    index: int = 0
+    """Its index in its folder's run.json: what the records it wrote name as their `session`."""
+    live: bool = False
+    """The folder's live run (the last session of a folder whose lock is held)."""
+
+    @property
+    def killed(self) -> bool:
+        """It never closed (no outcome in run.json) and no run holds its folder: killed, or
+        crashed past its handlers."""
+        return self.session.outcome is None and not self.live
 
 
 @dataclass
@@ -120,6 +131,12 @@ class RunSource:
         """The dataset's answers, file after file; an answer to a prompt answered in an
         earlier folder is skipped and counted in `counts.duplicates`. `report`: log what was
         skipped (torn last lines, lines that are not JSON)."""
+        for _, record in self.answers_by_folder(dataset, counts, report):
+            yield record
+
+    def answers_by_folder(self, dataset: str, counts: ReadCounts | None = None,
+                          report: bool = False) -> Iterator[tuple[Path, Answer]]:
+        """`answers`, each with the folder whose file holds it."""
         counts = counts if counts is not None else ReadCounts()
         for snapshot, repeated in zip(self.responses.get(dataset, []), self._repeated(dataset),
                                       strict=True):
@@ -128,11 +145,15 @@ class RunSource:
                     if repeated and id_hash(str(record.id)) in repeated:
                         counts.duplicates += 1
                         continue
-                    yield record
+                    yield snapshot.folder, record
 
-    def failure_lines(self, dataset: str, report: bool = False) -> Iterator[dict[str, Any]]:
+    def failure_lines_by_folder(self, dataset: str, report: bool = False
+                                ) -> Iterator[tuple[Path, dict[str, Any]]]:
+        """The dataset's failed attempts, file after file, each with the folder whose file
+        holds it."""
         for snapshot in self.failures.get(dataset, []):
-            yield from _read(snapshot, ReadCounts(), report, _parse_object)
+            for line in _read(snapshot, ReadCounts(), report, _parse_object):
+                yield snapshot.folder, line
 
     def _repeated(self, dataset: str) -> list[set[int]]:
         """Per responses file, the ID hashes an earlier folder answered (from the indexes;
@@ -197,8 +218,9 @@ def _warn_rescued(folders: list[RunFolder]) -> None:
 
 
 def _sessions(run: Run) -> list[SourceSession]:
-    sessions = [SourceSession(s, f.part.label if run.sharded else None)
-                for f in run.folders for s in f.sessions]
+    sessions = [SourceSession(s, f.part.label if run.sharded else None, f.root, i,
+                              live=f.holder is not None and i == len(f.sessions) - 1)
+                for f in run.folders for i, s in enumerate(f.sessions)]
     if run.sharded:
         sessions.sort(key=lambda s: s.session.started_at or 0.0)
     return sessions

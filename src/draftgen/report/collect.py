@@ -10,11 +10,16 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from draftgen.export.source import ReadCounts, RunSource, SourceSession, load_run_tokenizer
+from draftgen.status import collect_status
 from draftgen.status.conversation_counts import TrajectoryStatus, Turn, trajectory_status
+from draftgen.store.journal import as_usd
 from draftgen.store.record import Damaged, Record
 from draftgen.store.runjson import RunInfo
 from draftgen.tally import Tally
@@ -133,6 +138,71 @@ class BackendStats(Tally):
 
 
 @dataclass
+class SessionWork:
+    """What a session's own lines in its folder's files show it did: the answers and failed
+    attempts it wrote, what they cost, and when it wrote the last one (run.json has no
+    summary of a session that was killed)."""
+
+    answered: int = 0
+    failed: int = 0
+    cost: float = 0.0
+    last_at: float | None = None
+
+    def wrote(self, t: float | None, cost: float) -> None:
+        self.cost += cost
+        if t is not None:
+            self.last_at = t if self.last_at is None else max(self.last_at, t)
+
+
+class SessionOf:
+    """Which session of its folder wrote a line: the one the line names (an answer's
+    `session`), else the last one started before the line's time (failures, and answers
+    written before records named their session)."""
+
+    def __init__(self, sessions: list[SourceSession]) -> None:
+        self._starts: dict[Path, list[float]] = {}
+        for s in sorted(sessions, key=lambda s: s.index):
+            self._starts.setdefault(s.folder, []).append(s.session.started_at or 0.0)
+
+    def __call__(self, folder: Path, named: Any, t: Any) -> int | None:
+        if isinstance(named, int) and not isinstance(named, bool):
+            return named
+        starts = self._starts.get(folder)
+        if not starts or not isinstance(t, int | float):
+            return None
+        i = bisect_right(starts, t) - 1
+        return i if i >= 0 else None
+
+
+@dataclass
+class BudgetGap:
+    """What `budget.usd` counts as spent beyond the answers on disk, as `draftgen status`
+    reads it and a resumed run counts it."""
+
+    probe_usd: float = 0.0
+    """The probe's requests (each session's, and `draftgen probe` commands')."""
+    not_kept_usd: float = 0.0
+    """Answers moved to quarantine.jsonl, and failed requests that were billed."""
+    unsettled_usd: float = 0.0
+    """Earlier sessions' paid requests with no answer on disk (aborted, or in flight at a
+    kill), as run.json records them: their bill, else their worst case."""
+    in_flight_usd: float = 0.0
+    """Paid requests left open when the last session was killed, at their worst case: counted
+    once the run resumes."""
+
+    @property
+    def usd(self) -> float:
+        return self.probe_usd + self.not_kept_usd + self.unsettled_usd + self.in_flight_usd
+
+
+def budget_gap(root: Path) -> BudgetGap:
+    st = collect_status(root)
+    return BudgetGap(probe_usd=st.probe_usd, not_kept_usd=st.total.cost_not_kept_usd,
+                     unsettled_usd=st.unsettled_usd,
+                     in_flight_usd=0.0 if st.live else st.journal.open_usd)
+
+
+@dataclass
 class RunStats:
     root: str
     info: RunInfo
@@ -147,6 +217,9 @@ class RunStats:
     last_at: float | None = None
     length_source: str = ""
     live: bool = False
+    work: dict[tuple[Path, int], SessionWork] = field(default_factory=dict)
+    """(folder, session index) → what the session's own lines show it did."""
+    budget: BudgetGap = field(default_factory=BudgetGap)
 
     @property
     def answers(self) -> int:
@@ -164,6 +237,10 @@ class RunStats:
 
     def backend(self, name: str) -> BackendStats:
         return self.backends.setdefault(name, BackendStats())
+
+    def work_of(self, folder: Path, index: int | None) -> SessionWork:
+        """The session's work (a line of no known session: counted under index -1)."""
+        return self.work.setdefault((folder, -1 if index is None else index), SessionWork())
 
     def seen_at(self, t: float) -> None:
         self.first_at = t if self.first_at is None else min(self.first_at, t)
@@ -203,7 +280,9 @@ def answer_cost(record: Record) -> float:
 def collect(source: RunSource) -> RunStats:
     tok = load_run_tokenizer(source)
     splitter = LengthSplitter(tok.end_think_id)
-    stats = RunStats(str(source.root), source.info, source.sessions, live=source.live)
+    stats = RunStats(str(source.root), source.info, source.sessions, live=source.live,
+                     budget=budget_gap(source.root))
+    session_of = SessionOf(source.sessions)
     stats.length_source = (
         "split at the end-of-reasoning token of the run's format" if tok.end_think_id is not None
         else f"usage.reasoning_tokens as reported ({tok.note})"
@@ -211,23 +290,28 @@ def collect(source: RunSource) -> RunStats:
     trajectories = source.config.trajectory_datasets
     for name in source.datasets:
         ds = stats.datasets.setdefault(name, DatasetStats())
-        _collect_answers(source, name, ds, stats, splitter, name in trajectories)
-        _collect_failures(source, name, ds, stats)
+        _collect_answers(source, name, ds, stats, splitter, session_of, name in trajectories)
+        _collect_failures(source, name, ds, stats, session_of)
     return stats
 
 
 def _collect_answers(source: RunSource, name: str, ds: DatasetStats, stats: RunStats,
-                     splitter: LengthSplitter, trajectories: bool = False) -> None:
-    """The dataset's answers; for a `turns: all` one, its turns per conversation and end
-    reasons too (one small tuple per turn held until the dataset is read)."""
+                     splitter: LengthSplitter, session_of: SessionOf,
+                     trajectories: bool = False) -> None:
+    """The dataset's answers, each counted to its session too; for a `turns: all` one, its
+    turns per conversation and end reasons (one small tuple per turn held until the dataset
+    is read)."""
     counts = ReadCounts()
     damaged = 0
     turns: list[Turn] = []
-    for record in source.answers(name, counts, report=True):
+    for folder, record in source.answers_by_folder(name, counts, report=True):
         if isinstance(record, Damaged):
             damaged += 1
             continue
         add_answer(record, ds, stats, splitter)
+        work = stats.work_of(folder, session_of(folder, record.session, record.created_at))
+        work.answered += 1
+        work.wrote(record.created_at, answer_cost(record))
         if trajectories and isinstance(record.conversation, str) and isinstance(record.turn,
                                                                                  int):
             end = record.end if isinstance(record.end, str) else None
@@ -270,8 +354,14 @@ def add_answer(record: Record, ds: DatasetStats, stats: RunStats,
     stats.providers[f"{provider} · {quant}" if quant else str(provider)] += 1
 
 
-def _collect_failures(source: RunSource, name: str, ds: DatasetStats, stats: RunStats) -> None:
-    for failure in source.failure_lines(name, report=True):
+def _collect_failures(source: RunSource, name: str, ds: DatasetStats, stats: RunStats,
+                      session_of: SessionOf) -> None:
+    for folder, failure in source.failure_lines_by_folder(name, report=True):
+        created = failure.get("created_at")
+        work = stats.work_of(folder, session_of(folder, None, created))
+        work.failed += 1
+        work.wrote(created if isinstance(created, int | float) else None,
+                   as_usd(failure.get("cost_usd")))
         kind = str(failure.get("kind") or "unknown")
         ds.failures += 1
         ds.failure_kinds[kind] += 1

@@ -10,8 +10,9 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from draftgen.export.source import SourceSession
 from draftgen.printable import printable
-from draftgen.report.collect import DatasetStats, Reservoir, RunStats
+from draftgen.report.collect import DatasetStats, Reservoir, RunStats, SessionWork
 from draftgen.store.runjson import Summary
 
 SECTIONS: list[tuple[str, str, str]] = [
@@ -153,17 +154,50 @@ def _backends_table(stats: RunStats) -> str:
 
 
 def _sessions_table(stats: RunStats) -> str:
+    """One row per session: what it counted at its end, or, for one that never ended (killed,
+    or still running), what its own answers and failures on disk show."""
     rows = []
     for i, s in enumerate(stats.sessions):
-        session, summary = s.session, s.session.summary or Summary()
         label = f"{i + 1} (shard {s.shard})" if s.shard else i + 1
-        rows.append((label, _when(session.started_at), _when(session.stopped_at),
-                     session.outcome or "running or killed", _or_dash(summary.done_now),
-                     _or_dash(summary.failed_now), _or_dash(summary.cost_usd_now)))
+        rows.append((label, _when(s.session.started_at), *_session_end(s, stats)))
     if not rows:
         return '<p class="note">run.json records no sessions.</p>'
     return _table(("session", "started", "stopped", "outcome", "answered", "failed",
                    "spend (USD)"), rows, "sessions")
+
+
+def _session_end(s: SourceSession, stats: RunStats) -> tuple[Any, ...]:
+    """Stopped, outcome, answered, failed, spend."""
+    session = s.session
+    if session.outcome is not None:
+        summary = session.summary or Summary()
+        return (_when(session.stopped_at), session.outcome, _or_dash(summary.done_now),
+                _or_dash(summary.failed_now), _or_dash(summary.cost_usd_now))
+    work = stats.work.get((s.folder, s.index), SessionWork())
+    if s.killed:
+        stopped = f"{_when(work.last_at)} (its last write)" if work.last_at else "-"
+        outcome = "killed: ended without closing"
+    else:
+        stopped, outcome = "-", "running"
+    return stopped, outcome, work.answered, work.failed, round(work.cost, 6)
+
+
+def _budget_note(stats: RunStats) -> str:
+    """Why budget.usd counts more than the answers' spend, in one line (none where it does
+    not)."""
+    gap = stats.budget
+    parts = [(gap.probe_usd, "by the probe's requests"),
+             (gap.not_kept_usd, "on quarantined answers and billed failed requests"),
+             (gap.unsettled_usd, "by earlier sessions' paid requests with no answer on disk "
+                                 "(aborted, or in flight at a kill; their bill, else their "
+                                 "worst case)"),
+             (gap.in_flight_usd, "at most, by the requests in flight when the last session was "
+                                 "killed (counted when the run resumes)")]
+    said = [f"{_usd(usd)} {why}" for usd, why in parts if usd > 0]
+    if not said:
+        return ""
+    return (f'<p class="note" id="budget-note">budget.usd counts {_usd(stats.cost + gap.usd)} '
+            f"spent, not the answers' {_usd(stats.cost)}: also {_e('; '.join(said))}.</p>")
 
 
 def _latency_rows(label: str, items: Iterable[tuple[str, Reservoir]]) -> list[tuple[str, ...]]:
@@ -225,6 +259,7 @@ def render(stats: RunStats, figures: dict[str, bytes]) -> str:
         _datasets_table(stats),
         _trajectories_table(stats),
         _sessions_table(stats),
+        _budget_note(stats),
         "</section>",
     ]
     for sid, title, fig in SECTIONS:
