@@ -37,7 +37,10 @@ class ModelConfig(StrictModel):
     """Model family: a key of the formats registry (qwen3, qwen3-thinking, ...)."""
     tokenizer: str
     """A tokenizer.json file, or a HF tokenizer folder (one without tokenizer.json, such as
-    Kimi's tiktoken tokenizer, loads through transformers with trust_remote_code)."""
+    Kimi's tiktoken tokenizer, loads through transformers with trust_remote_code), or a
+    Hugging Face Hub repo ID (`Qwen/Qwen3-8B`, `Qwen/Qwen3-8B@<revision>`; a path of that
+    name wins): its tokenizer files only are fetched into the Hub cache (`HF_HUB_CACHE`);
+    with `HF_HUB_OFFLINE=1` the cache is read, never the network."""
     format_options: dict[str, Any] = Field(default_factory=dict)
     """Options of the model format (e.g. kimi-k2.5 {thinking: false}; chat-template
     {stop_token, end_think_token, ...})."""

@@ -8,6 +8,7 @@ encoding off the event loop.
   HF's IDs;
 - `gguf`, `gguf_meta`: a GGUF model's own vocabulary, and the file's metadata reader;
 - `load`: `load_tokenizer` (which implementation for a path) and `self_check`;
+- `hub`: a Hub repo ID's tokenizer files, from the Hugging Face cache;
 - `logprob_tokens`: an answer's logprob entries as columns (`LogprobTokens`), as the chat
   backends read them;
 - `logprobs`: an answer's IDs recovered from those entries;

@@ -1,6 +1,6 @@
 """`load_tokenizer`: the implementation for a path (a `tokenizer.json` or a folder holding one,
-a GGUF model file, a transformers folder), and the start-up `self_check` of a format's special
-tokens.
+a GGUF model file, a transformers folder) or a Hugging Face Hub repo ID (`tokenize.hub`), and
+the start-up `self_check` of a format's special tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from draftgen.tokenize.base import Tokenizer, TokenizerError
 from draftgen.tokenize.gguf import is_gguf, load_gguf_tokenizer
 from draftgen.tokenize.hf import FastTokenizer, TransformersTokenizer
+from draftgen.tokenize.hub import hub_tokenizer_folder, is_hub_id
 
 
 def find_tokenizer_file(path: str | Path) -> Path:
@@ -29,7 +30,10 @@ def find_tokenizer_file(path: str | Path) -> Path:
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """A `tokenizer.json` (or a folder holding one) through `tokenizers`; a GGUF model file
     through its own vocabulary (see `draftgen.tokenize.gguf`); any other HF tokenizer folder
-    through transformers with `trust_remote_code=True`."""
+    through transformers with `trust_remote_code=True`; a Hub repo ID (`owner/name[@revision]`,
+    not an existing path) as the folder of its tokenizer files in the Hub cache."""
+    if is_hub_id(path):
+        path = hub_tokenizer_folder(str(path))
     if is_gguf(path):
         return load_gguf_tokenizer(path)
     p = Path(path).expanduser()
