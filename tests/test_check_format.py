@@ -101,3 +101,19 @@ def test_no_warning_without_a_template(tmp_path: Path) -> None:
     shutil.copy(qwen3_tokenizer_dir() / "tokenizer.json", folder / "tokenizer.json")
     fmt = get_format("qwen3", cached_tokenizer(str(folder / "tokenizer.json")))
     assert disagreement_warning(fmt) is None
+
+
+def test_a_differing_format_names_the_registered_one_that_matches(tmp_path: Path) -> None:
+    """qwen3-thinking opens the think block (`<think>\n`) where Qwen3's own template leaves
+    it to the model: every conversation differs, and plain qwen3 matches them all."""
+    code, out = check(config(tmp_path, qwen3_tokenizer_dir(), "qwen3-thinking"), "--rows", "5")
+    assert code == 1, out
+    assert "0 identical, 10 differing" in out
+    assert ("format qwen3 renders every one as the model's template does: set model.format: "
+            "qwen3 (instead of qwen3-thinking)") in out
+
+
+def test_no_registered_format_matches_a_changed_template(tmp_path: Path) -> None:
+    code, out = check(config(tmp_path, wrong_qwen3_folder(tmp_path)), "--rows", "5")
+    assert code == 1, out
+    assert "no other registered format renders them as the model's template does" in out

@@ -429,10 +429,10 @@ def check_format(
     if template is None:
         raise _fail(f"{tokenizer_folder(fmt.tokenizer)} has no chat template "
                     "(chat_template.jinja or tokenizer_config.json's chat_template)")
-    results = check.compare_samples(fmt, template)
+    conversations = check.sample_conversations()
     for ds in cfg.datasets:
-        results += check.compare_prompts(fmt, template,
-                                         check.first_rows(iter_prompts(ds), rows))
+        conversations += check.prompt_conversations(check.first_rows(iter_prompts(ds), rows))
+    results = check.compare_all(fmt, template, conversations)
     out = _console(soft_wrap=True)
     out.print(f"format {fmt.name} vs the chat template in {tokenizer_folder(fmt.tokenizer)}",
               highlight=False, markup=False)
@@ -442,6 +442,8 @@ def check_format(
     differing = sum(not r.identical for r in results)
     out.print(f"{len(results) - differing} identical, {differing} differing", highlight=False)
     if differing:
+        matches = check.matching_formats(fmt, template, conversations)
+        out.print(check.matches_line(fmt, matches), highlight=False, markup=False)
         raise typer.Exit(1)
 
 

@@ -8,7 +8,8 @@ a format can get wrong (system prompt, multi-turn history, tools, a tool call an
 the user's dataset rows, tools included, are compared too. A difference is shown at its first
 token, as IDs and as text, so that a user sees it before paying for a run. A template that does
 not finish (`TemplateDidNotFinish`) stops the check with its one line rather than being tried
-on every conversation.
+on every conversation. Where the format differs, each other registered format is tried the
+same way (`matching_formats`), so that the one that matches can be named.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draftgen.formats.base import Format, FormatError
+from draftgen.formats.base import Format, FormatError, format_names, get_format
 from draftgen.formats.chat_template import (
     ChatTemplate,
     ChatTemplateFormat,
     TemplateDidNotFinish,
     tokenizer_folder,
 )
+from draftgen.tokenize.base import TokenizerError
 from draftgen.types import Message, Prompt, Tool
 
 _CONTEXT_TOKENS = 6
@@ -42,7 +44,10 @@ _WEATHER: Tool = {
 _CALL = {"id": "functions.get_weather:0", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
-SAMPLES: list[tuple[str, list[Message], list[Tool] | None]] = [
+Conversation = tuple[str, Sequence[Message], Sequence[Tool] | None]
+"""What a comparison renders: its label, messages and tools."""
+
+SAMPLES: list[Conversation] = [
     ("plain", [{"role": "user", "content": "What is 2+2?"}], None),
     ("system", [{"role": "system", "content": "You are terse."},
                 {"role": "user", "content": "Héllo — 東京?"}], None),
@@ -140,15 +145,63 @@ def first_difference(fmt: Format, ours: list[int], theirs: list[int]) -> Differe
     )
 
 
+def sample_conversations() -> list[Conversation]:
+    return [(f"sample: {name}", messages, tools) for name, messages, tools in SAMPLES]
+
+
+def prompt_conversations(prompts: Iterable[Prompt]) -> list[Conversation]:
+    return [(f"{p.dataset} {p.source or p.id}", p.messages, p.tools) for p in prompts]
+
+
+def compare_all(fmt: Format, template: ChatTemplate, conversations: Iterable[Conversation]
+                ) -> list[Comparison]:
+    return [compare(fmt, template, label, messages, tools)
+            for label, messages, tools in conversations]
+
+
 def compare_samples(fmt: Format, template: ChatTemplate) -> list[Comparison]:
-    return [compare(fmt, template, f"sample: {name}", messages, tools)
-            for name, messages, tools in SAMPLES]
+    return compare_all(fmt, template, sample_conversations())
 
 
-def compare_prompts(fmt: Format, template: ChatTemplate, prompts: Iterable[Prompt]
-                    ) -> list[Comparison]:
-    return [compare(fmt, template, f"{p.dataset} {p.source or p.id}", p.messages, p.tools)
-            for p in prompts]
+def matching_formats(fmt: Format, template: ChatTemplate,
+                     conversations: Sequence[Conversation]) -> list[str]:
+    """The other registered formats, at their default options, that render every one of
+    `conversations` token for token as the template does. `chat-template` is never named: it
+    renders the template itself. A format that cannot be built with this tokenizer, or
+    cannot render a conversation, does not match."""
+    names: list[str] = []
+    tried: set[type[Format]] = {type(fmt), ChatTemplateFormat}
+    for name in format_names():
+        try:
+            candidate = get_format(name, fmt.tokenizer)
+        except (FormatError, TokenizerError):
+            continue
+        if type(candidate) in tried:  # an alias of one tried, or fmt's own
+            continue
+        tried.add(type(candidate))
+        if _renders_all(candidate, template, conversations):
+            names.append(candidate.name)
+    return names
+
+
+def _renders_all(fmt: Format, template: ChatTemplate,
+                 conversations: Sequence[Conversation]) -> bool:
+    try:
+        return all(compare(fmt, template, label, messages, tools).identical
+                   for label, messages, tools in conversations)
+    except (FormatError, TokenizerError):  # a template that does not finish with its switch
+        return False
+
+
+def matches_line(fmt: Format, matches: Sequence[str]) -> str:
+    """What `check-format` says of the formats that match, once the chosen one differs."""
+    if not matches:
+        return ("no other registered format renders them as the model's template does "
+                "(format chat-template renders with the template itself)")
+    named = (f"format {matches[0]} renders" if len(matches) == 1
+             else f"formats {', '.join(matches)} render")
+    return (f"{named} every one as the model's template does: set model.format: "
+            f"{matches[0]} (instead of {fmt.name}) unless the difference is meant")
 
 
 def first_rows(prompts: Iterable[Prompt], n: int) -> list[Prompt]:
