@@ -26,6 +26,7 @@ from draftgen.formats.chat_template import (
     TemplateDidNotFinish,
     tokenizer_folder,
 )
+from draftgen.store.runjson import TemplateCheck
 from draftgen.tokenize.base import TokenizerError
 from draftgen.types import Message, Prompt, Tool
 
@@ -208,24 +209,31 @@ def first_rows(prompts: Iterable[Prompt], n: int) -> list[Prompt]:
     return list(itertools.islice(prompts, n))
 
 
-def disagreement_warning(fmt: Format) -> str | None:
-    """A one-line warning when draftgen's format and the model's own template render the sample
-    conversations differently (None when they agree or the folder has no template): what
-    `run --dry-run` and `probe` print, cheaply, before money is spent."""
+def template_check(fmt: Format) -> TemplateCheck | None:
+    """The format against the model's own template on the sample conversations, with the
+    registered formats that match where it differs (None: the folder has no template): what
+    a run records in its session and warns of, and `run --dry-run` and `probe` print."""
     try:
         template = model_template(fmt)
         if template is None:
             return None
-        differing = [c for c in compare_samples(fmt, template) if not c.identical]
+        comparisons = compare_samples(fmt, template)
     except FormatError as e:
-        return f"the model's chat template cannot be checked: {e}"
-    if not differing:
-        return None
-    first = differing[0]
-    where = first.error or f"first difference at token {first.difference.token}"  # type: ignore[union-attr]
-    return (f"format {fmt.name!r} and the model's own chat template differ on "
-            f"{len(differing)} of {len(SAMPLES)} sample conversations ({first.label}: "
-            f"{where}); run `draftgen check-format CONFIG` to see where")
+        return TemplateCheck(format=fmt.name, error=str(e))
+    found = TemplateCheck(format=fmt.name, samples=len(comparisons))
+    differing = [c for c in comparisons if not c.identical]
+    if differing:
+        first = differing[0]
+        where = first.error or f"first difference at token {first.difference.token}"  # type: ignore[union-attr]
+        found.differing, found.first = len(differing), f"{first.label}: {where}"
+        found.matches = matching_formats(fmt, template, sample_conversations())
+    return found
+
+
+def disagreement_warning(fmt: Format) -> str | None:
+    """`template_check`'s one-line warning (None when they agree or there is no template)."""
+    found = template_check(fmt)
+    return found.warning if found is not None else None
 
 
 def describe(c: Comparison) -> list[str]:

@@ -41,6 +41,7 @@ th,td{border:1px solid #e3e3e3;padding:4px 10px;text-align:right}
 th:first-child,td:first-child{text-align:left}th{background:#f2f2f2}
 img{max-width:100%;background:#fff;border:1px solid #e3e3e3;border-radius:6px}
 nav a{margin-right:12px}.note{color:#666;font-size:13px}
+.warning{background:#fff4d6;border-left:4px solid #d9a400;padding:8px 12px;font-size:14px}
 """
 
 
@@ -102,6 +103,16 @@ def _cards(stats: RunStats) -> str:
     return '<div class="cards">' + "".join(
         f'<div class="card"><span>{_e(k)}</span><b>{_e(v)}</b></div>' for k, v in cards
     ) + "</div>"
+
+
+def _template_warning(stats: RunStats) -> str:
+    """The latest session's prompts differ from the model's own chat template (a warning,
+    with the format that matches where one does)."""
+    found = stats.sessions[-1].session.template_check if stats.sessions else None
+    warning = found.warning if found is not None else None
+    if not warning:
+        return ""
+    return f'<p class="warning" id="template-check">Prompts: {_e(warning)}</p>'
 
 
 def _datasets_table(stats: RunStats) -> str:
@@ -256,6 +267,7 @@ def render(stats: RunStats, figures: dict[str, bytes]) -> str:
         f"<nav>{nav}</nav>",
         '<section id="summary"><h2>Summary</h2>',
         _cards(stats),
+        _template_warning(stats),
         _datasets_table(stats),
         _trajectories_table(stats),
         _sessions_table(stats),

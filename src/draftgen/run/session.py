@@ -21,6 +21,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from draftgen.backends import Backend, BackendNotReady, make_backend
 from draftgen.backends.base import share_answer_bytes
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
@@ -36,6 +38,7 @@ from draftgen.budget import (
 )
 from draftgen.config import ConfigError
 from draftgen.config.backends import Price
+from draftgen.formats.check import template_check
 from draftgen.perf import tuned_gc
 from draftgen.probe import Gate, ProbeOptions, backends_to_probe, gate_backends
 from draftgen.probe.exchange import probe_requests
@@ -225,6 +228,7 @@ class Runner:
             self.session = self.requests.session = start_session(
                 self.store.layout.run_json, self.cfg.redacted(), tokenizer, changes)
             started = True
+            self._check_template()
             try:
                 self._killed = killed_session(self.store, self.session)
                 if self._killed is not None:
@@ -255,6 +259,18 @@ class Runner:
                 lock.release()
         outcome.counters = self.counters
         return outcome
+
+    def _check_template(self) -> None:
+        """The format's prompts against the model's own chat template, among the run's
+        opening lines when they differ (a warning: a format can differ on purpose), and kept
+        with the session, where `draftgen status` and the report read it."""
+        found = template_check(self.plan.fmt)
+        if found is None:
+            return
+        if found.warning:
+            log.warning("%s", found.warning)
+        record_session(self.store.layout.run_json, self.session,
+                       template_check=msgspec.to_builtins(found))
 
     async def _run_backends(self) -> Outcome:
         try:

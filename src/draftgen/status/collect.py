@@ -139,6 +139,8 @@ def _sharded_status(run: Run, now: float) -> RunStatus:
         cost_reports_implausible=sum(st.cost_reports_implausible for st in statuses),
         probe_usd=sum(st.probe_usd for st in statuses),
         changed_prompts=sum(st.changed_prompts for st in statuses),
+        template_check=next((st.template_check for st in statuses
+                             if st.template_check is not None), None),
         rescued=sum(st.rescued for st in statuses),
         rescue_files=[p for st in statuses for p in st.rescue_files],
         budget_usd=max(folders, key=_started).info.stored_config.budget.usd,

@@ -124,6 +124,7 @@ def folder_status(f: FolderAnswers, answered: dict[str, np.ndarray], now: float)
         unsettled_usd=sum(s.unknown_bills_usd for s in sessions),
         probe_usd=f.info.probe_commands_usd + sum(s.probe_spent_usd for s in sessions),
         changed_prompts=sessions[-1].changed_left if sessions else 0,
+        template_check=sessions[-1].template_check if sessions else None,
         cost_reports_refused=sum(s.summary.cost_reports_refused for s in sessions if s.summary),
         cost_reports_implausible=sum(s.summary.cost_reports_implausible for s in sessions
                                      if s.summary),

@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from draftgen.errors import DraftgenError
 from draftgen.status.conversation_counts import TrajectoryStatus
 from draftgen.store.journal import JournalTail
+from draftgen.store.runjson import TemplateCheck
 from draftgen.store.shards import RunPart
 from draftgen.tally import Tally
 
@@ -183,6 +186,8 @@ class RunStatus:
     changed_prompts: int = 0
     """Answered prompts whose dataset row changed under the same ID, as the last session
     found them (and left in place unless it re-asked them)."""
+    template_check: TemplateCheck | None = None
+    """The last session's format against the model's own chat template (None: not checked)."""
     budget_usd: float | None = None
     """budget.usd of the latest session's config (None: no dollar budget)."""
 
@@ -226,6 +231,8 @@ class RunStatus:
             "budget_left_usd": (None if self.budget_left_usd is None
                                 else round(self.budget_left_usd, 6)),
             "changed_prompts": self.changed_prompts,
+            "template_check": (msgspec.to_builtins(self.template_check)
+                               if self.template_check is not None else None),
             "rescued": self.rescued,
             "rescue_files": self.rescue_files,
             "notes": self.notes,

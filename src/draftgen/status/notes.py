@@ -11,8 +11,14 @@ from draftgen.store.shards import RunPart
 
 
 def run_notes(st: RunStatus, journal: JournalTail) -> list[str]:
-    return [*_totals_note(st), *_folder_notes(st, journal), *_stop_note(st),
-            *_rescue_note(st), *_unsettled_note(st), *_spend_notes(st)]
+    return [*_template_note(st), *_totals_note(st), *_folder_notes(st, journal),
+            *_stop_note(st), *_rescue_note(st), *_unsettled_note(st), *_spend_notes(st)]
+
+
+def _template_note(st: RunStatus) -> list[str]:
+    """The last session's prompts differ from the model's own chat template (a warning)."""
+    warning = st.template_check.warning if st.template_check is not None else None
+    return [f"prompts: {warning}"] if warning else []
 
 
 def _totals_note(st: RunStatus) -> list[str]:
@@ -114,7 +120,7 @@ def _missing_shards(parts: list[RunPart]) -> list[str]:
 
 
 def sharded_notes(st: RunStatus, repeats: Counter[str]) -> list[str]:
-    notes = _totals_note(st)
+    notes = [*_template_note(st), *_totals_note(st)]
     for shard in st.shards:
         where = f"shard {shard.part.label} ({shard.part.folder})"
         own = shard.status

@@ -107,6 +107,39 @@ class Summary(msgspec.Struct, kw_only=True):
         return self.done_now is None or bool(self.done_now or self.rescued)
 
 
+class TemplateCheck(msgspec.Struct, kw_only=True):
+    """What a session found at its start rendering the sample conversations with its format
+    and with the model's own chat template (`formats.check.template_check`): a warning, not a
+    refusal (a format can differ on purpose)."""
+
+    format: str | None = None
+    samples: int = 0
+    differing: int = 0
+    """How many of the `samples` conversations the two render differently."""
+    first: str | None = None
+    """The first that differs, and where ("sample: tools: first difference at token 150")."""
+    matches: list[str] = []
+    """The registered formats that render every sample as the template does."""
+    error: str | None = None
+    """Why the template could not be checked."""
+
+    @property
+    def warning(self) -> str | None:
+        """The one-line warning, or None where they agree."""
+        if self.error is not None:
+            return f"the model's chat template cannot be checked: {self.error}"
+        if not self.differing:
+            return None
+        matching = ""
+        if self.matches:
+            matching = (f"; format {self.matches[0]} renders them as the template does"
+                        if len(self.matches) == 1 else
+                        f"; formats {', '.join(self.matches)} render them as the template does")
+        return (f"format {self.format!r} and the model's own chat template differ on "
+                f"{self.differing} of {self.samples} sample conversations ({self.first})"
+                f"{matching}; run `draftgen check-format CONFIG` to see where")
+
+
 SETTINGS = "settings"
 """A session's key in run.json holding its `data_settings`."""
 
@@ -137,6 +170,9 @@ class Session(msgspec.Struct, kw_only=True):
     changed_prompts: dict[str, int] | None = None
     """Answered prompts whose row changed under the same ID, per dataset, as it found them."""
     reasked_changed: bool = False
+    template_check: TemplateCheck | None = None
+    """Its format against the model's chat template; None: the model folder has none (or
+    the session is from before this was recorded)."""
     rebuilt: bool = False
     """A placeholder for a session a damaged run.json had, rebuilt from the journal."""
 
