@@ -77,8 +77,9 @@ def hub_tokenizer_folder(spec: str) -> Path:
     except LocalEntryNotFoundError:  # an incomplete snapshot too
         why = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
         raise TokenizerError(
-            f"tokenizer {spec}: not (complete) in the Hugging Face cache {cache} and {why}; "
-            f"fetch it once online (`hf download {repo}`), or give a local path") from None
+            f"tokenizer {spec}: not in the Hugging Face cache {cache} (or only in part) and "
+            f"{why}; fetch it once online (`hf download {repo}`), or give a local path"
+        ) from None
     except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TokenizerError(f"tokenizer {spec}: not a local path, and the Hugging Face Hub "
