@@ -130,6 +130,13 @@ class BackendError(DraftgenError):
         self.past_max_tokens = False
         """The answer went on past its `max_tokens` (an engine that ignored it): what it was
         billed may pass the request's worst case, which it counts with the margin."""
+        self.connection: str | None = None
+        """A connection failure, in a few words ("connection refused", "connect timeout",
+        "DNS lookup failed", "server disconnected": `backends.reach.connection_reason`);
+        None when the server answered."""
+        self.never_connected = False
+        """No connection was made (refused, DNS, connect timeout): the server saw nothing, so
+        nothing was processed or billed."""
 
     def __str__(self) -> str:
         status = f" (HTTP {self.status})" if self.status else ""

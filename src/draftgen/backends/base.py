@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import aiohttp
 import orjson
 
+from draftgen.backends.reach import check_reachable, connection_reason, never_connected
 from draftgen.backends.router import wait_for_fleet
 from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.config.backends import BackendConfig, Price
@@ -268,6 +269,16 @@ class Backend(ABC):
             raise_for_status=False,
         )
 
+    @property
+    def base_url(self) -> str:
+        """The backend's URL as configured (a managed llama-server's once started)."""
+        return self.cfg.url or getattr(self, "url", "")
+
+    async def check_reachable(self) -> None:
+        """A connection to the backend's server opens (`reach.check_reachable`), else
+        BackendUnreachable naming its URL and why."""
+        await check_reachable(self.name, self.base_url, self.cfg.connect_timeout_s)
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -493,12 +504,18 @@ def reading_billed_answer() -> Iterator[None]:
 
 
 def transport_error(e: BaseException) -> BackendError:
-    """Connection resets, timeouts and broken payloads: all retryable."""
+    """Connection failures (named as such: `reach.connection_reason`), timeouts and broken
+    payloads: all retryable."""
+    reason = connection_reason(e)
+    if reason is not None:
+        what = f"answer cut off: {type(e).__name__}" if isinstance(
+            e, aiohttp.ClientPayloadError) else f"{reason}: {type(e).__name__}: {e}"
+        error = BackendError("connection", what, retryable=True)
+        error.connection, error.never_connected = reason, never_connected(e)
+        return error
     if isinstance(e, asyncio.TimeoutError | TimeoutError):
         return BackendError("timeout", "request timed out", retryable=True)
-    if isinstance(e, aiohttp.ClientPayloadError):
-        return BackendError("connection", f"answer cut off: {type(e).__name__}", retryable=True)
-    if isinstance(e, aiohttp.ClientError | ConnectionError | OSError):
+    if isinstance(e, aiohttp.ClientError | OSError):
         return BackendError("connection", f"{type(e).__name__}: {e}", retryable=True)
     return BackendError("client_error", f"{type(e).__name__}: {e}", retryable=False)
 

@@ -12,6 +12,7 @@ import orjson
 
 from draftgen.backends.base import Backend, Capabilities, wire_cost
 from draftgen.backends.openai_chat import ChatBackendConfig, OpenAIChatBackend
+from draftgen.backends.reach import BackendUnreachable, connection_reason, unreachable_text
 from draftgen.config.backends import Price, register
 from draftgen.urls import join_url, without_path_suffix
 
@@ -55,9 +56,9 @@ class OpenRouterBackend(OpenAIChatBackend):
     async def listed_price(self) -> Price | None:
         """The /models listing: `pricing.prompt` / `pricing.completion` in USD per token, for
         the configured model; None without a listing (the caller decides whether that is
-        fatal)."""
-        return price_from_listing(await self._get_data(join_url(self.api_root, "/models")),
-                                  self.model.name)
+        fatal). A server that cannot be reached is BackendUnreachable, not a missing price."""
+        listing = await self._get_data(join_url(self.api_root, "/models"), unreachable=True)
+        return price_from_listing(listing, self.model.name)
 
     async def listed_quantizations(self) -> dict[str, str]:
         """Each provider's quantization of the model (`GET /models/MODEL/endpoints`)."""
@@ -70,15 +71,20 @@ class OpenRouterBackend(OpenAIChatBackend):
                 out[entry["provider_name"]] = str(entry.get("quantization") or "unknown")
         return out
 
-    async def _get_data(self, url: str) -> Any:
+    async def _get_data(self, url: str, unreachable: bool = False) -> Any:
         """The `data` of a GET's JSON answer; None on any failure (what these lookups say is
-        informative, or its absence is handled by the caller)."""
+        informative, or its absence is handled by the caller), but with `unreachable`, a
+        connection failure is BackendUnreachable."""
         try:
             async with self.session.get(url) as resp:
                 if resp.status != 200:
                     return None
                 answer = orjson.loads(await self.read_body(resp))
-        except Exception:  # unknown stays unknown
+        except Exception as e:  # unknown stays unknown
+            reason = connection_reason(e)
+            if unreachable and reason is not None:
+                raise BackendUnreachable(unreachable_text(
+                    self.name, url, reason, f"{type(e).__name__}: {e}")) from None
             return None
         return answer.get("data") if isinstance(answer, dict) else None
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from draftgen.backends import Backend, make_backend
 from draftgen.backends.base import share_answer_bytes
 from draftgen.backends.managed_llamacpp import ManagedServers
+from draftgen.backends.reach import all_reachable
 from draftgen.config import ConfigError, RunConfig
 from draftgen.errors import DraftgenError
 from draftgen.formats import Format, get_format
@@ -55,6 +56,7 @@ async def probe_config(cfg: RunConfig, fmt: Format, opts: ProbeOptions) -> list[
         try:
             for b in backends:
                 await b.start()
+            await all_reachable(b.check_reachable() for b in backends)
             return await probe_all(fmt, cfg, backends, opts)
         finally:
             for b in backends:

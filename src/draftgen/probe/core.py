@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import orjson
 
 from draftgen.backends import Backend
+from draftgen.backends.reach import BackendUnreachable, unreachable_text
 from draftgen.budget.probe_hold import ProbeCharge, ProbeHold
 from draftgen.config import RunConfig
 from draftgen.formats import Format
@@ -64,6 +65,7 @@ async def probe_backend(fmt: Format, backend: Backend, key: str, max_tokens: int
             if hold is not None:
                 hold.settle(backend.name, [ProbeCharge(a.reported_usd, a.priced_usd,
                                                        a.billed_tokens) for a in step])
+            refuse_lost_connection(backend, exchanges)
             answers += step
     finally:
         quantizations.cancel()
@@ -99,6 +101,15 @@ async def _steps(backend: Backend, requests: list[ProbeRequest], max_tokens: int
             log.info("probe: backend %s: max_tokens %d (of %d) to fit budget.usd",
                      backend.name, allowed, max_tokens)
         yield list(await asyncio.gather(*(exchange(backend, r, allowed) for r in step)))
+
+
+def refuse_lost_connection(backend: Backend, exchanges: Sequence[Exchange]) -> None:
+    """A probe request that failed for want of a connection says nothing of what the backend
+    answers: BackendUnreachable, never a verdict."""
+    for ex in exchanges:
+        if ex.error is not None and ex.error.connection is not None:
+            raise BackendUnreachable(unreachable_text(backend.name, backend.base_url,
+                                                      ex.error.connection, ex.error.message))
 
 
 def reusable(stored: BackendProbe | None, key: str) -> bool:

@@ -26,6 +26,7 @@ import msgspec
 from draftgen.backends import Backend, BackendNotReady, make_backend
 from draftgen.backends.base import share_answer_bytes
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
+from draftgen.backends.reach import all_reachable
 from draftgen.budget import (
     PROBE_MIN_TOKENS,
     BudgetPool,
@@ -326,12 +327,23 @@ class Runner:
             return False
 
     async def _start_backends(self, backends: list[Backend]) -> bool:
+        """Start the backends; with prompts to send, a server that cannot be reached is
+        BackendUnreachable, before its price or the probe is asked (one line, naming each and
+        why)."""
         for b in backends:
             await b.start()
+        if self._may_send():
+            await all_reachable(b.check_reachable() for b in backends)
         await self._resolve_prices(backends)
         refuse_impossible_rate(self.cfg, self.prices, self.ledger.usd_per_minute)
         refuse_unaffordable_answer(self.cfg, self.prices, self.ledger.min_request_tokens)
         return await self._probe_gate(backends)
+
+    def _may_send(self) -> bool:
+        """A prompt is queued in a dataset whose token budget may still admit it (a session
+        with none sends nothing, and needs no server)."""
+        return any(queue and not self.ledger.token_budget_done(name)
+                   for name, queue in self.queues.items())
 
     def _outcome(self) -> Outcome:
         outcome = self.state.outcome(prompts_left=any(self.queues.values()))
