@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from draftgen.connections import ConnectionWatch
 from draftgen.tally import Tally
 
 log = logging.getLogger("draftgen")
@@ -75,6 +76,8 @@ class RunCounters:
     `sample`, which runs on that thread): near 1, this process is what limits answers/s."""
     loop_busy_s: float = 0.0
     """Over how many seconds `loop_busy` was measured."""
+    connections: ConnectionWatch = field(default_factory=ConnectionWatch)
+    """The backends that cannot be reached now, and since when."""
     _window: deque[tuple[float, int, int, float, float]] = field(
         default_factory=lambda: deque(maxlen=120))
 
@@ -151,7 +154,9 @@ def render_table(counters: RunCounters) -> Group:
         f"{projected(counters)} · "
         f"{time.monotonic() - counters.started:.0f}s{_loop(counters, ' · ')}"
     )
-    return Group(table, footer)
+    unreachable = counters.connections.summary()
+    return Group(table, footer, Text(unreachable, style="bold red")) if unreachable \
+        else Group(table, footer)
 
 
 def _loop(counters: RunCounters, separator: str) -> str:
@@ -184,7 +189,7 @@ def progress_line(counters: RunCounters) -> str:
         f"(+{t.done:,} now) failed {t.failed:,} skipped {t.skipped:,} pending {t.pending:,} "
         f"in flight {t.in_flight:,} "
         f"| {answers_s:.1f} answers/s {tokens_s:,.0f} tokens/s | ${t.cost:.4f} ${usd_min:.4f}/min"
-        f"{projected(counters)}{_loop(counters, ' | ')}"
+        f"{projected(counters)}{_loop(counters, ' | ')}{_unreachable(counters)}"
     )
 
 
@@ -196,6 +201,11 @@ def closing_line(status: str, t: DatasetCounters, where: str) -> str:
             f"({t.done:,} this session), {t.failed:,} failed, {t.exhausted:,} out of attempts, "
             f"{skipped}{t.pending:,} pending, {t.output_tokens:,} output tokens, "
             f"${t.cost:.4f} {where}")
+
+
+def _unreachable(counters: RunCounters) -> str:
+    summary = counters.connections.summary()
+    return f" | {summary}" if summary else ""
 
 
 class ProgressDisplay:

@@ -19,7 +19,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from draftgen.backends import Backend
 from draftgen.errors import DraftgenError
@@ -58,9 +58,10 @@ class BackendState:
     consecutive_failures: int = 0
     unfit: frozenset[str] = NO_NEEDS
     """Needs this backend must not be sent (`needs_of`)."""
-    last_logged_pause: tuple[str, float] = ("", -math.inf)
-    """The last pause reason logged and when: a pause that comes and goes with every settled
-    request (a budget that is nearly spent) is logged once a minute, not each time."""
+    logged_pauses: dict[str, float] = field(default_factory=dict)
+    """Each pause reason logged and when: a pause that comes and goes with every settled
+    request (a budget that is nearly spent, a server that is down) is logged once a minute,
+    not each time."""
 
     @property
     def capacity(self) -> int:
@@ -137,10 +138,9 @@ class BackendSlots:
         state = self.states[backend.name]
         now = time.monotonic()
         state.paused_until = now + seconds
-        logged, at = state.last_logged_pause
-        if reason != logged or now - at >= PAUSE_LOG_INTERVAL_S:
+        if now - state.logged_pauses.get(reason, -math.inf) >= PAUSE_LOG_INTERVAL_S:
             log.info("backend %s paused: %s", backend.name, reason)
-            state.last_logged_pause = (reason, now)
+            state.logged_pauses[reason] = now
         state.pause_reason = reason
         self._changed.set()
 
@@ -151,8 +151,10 @@ class BackendSlots:
                 state.pause_reason = None
         self._changed.set()
 
-    def note_result(self, backend: Backend, failed: bool) -> None:
-        """Consecutive failed requests take a backend out of rotation for its cool-down."""
+    def note_result(self, backend: Backend, failed: bool, cause: str | None = None) -> None:
+        """Consecutive failed requests take a backend out of rotation for its cool-down.
+        `cause`: what the last failure was, where it says more than a count ("connection
+        refused")."""
         state = self.states[backend.name]
         if not failed:
             state.consecutive_failures = 0
@@ -161,8 +163,9 @@ class BackendSlots:
         cfg = backend.cfg
         if state.consecutive_failures >= cfg.cooldown_after:
             state.consecutive_failures = 0
+            why = f" (the last: {cause})" if cause else ""
             self.pause(backend, cfg.cooldown_s,
-                       f"cool-down after {cfg.cooldown_after} failures in a row")
+                       f"cool-down after {cfg.cooldown_after} failures in a row{why}")
 
     def paused_reasons(self) -> dict[str, str]:
         now = time.monotonic()

@@ -236,6 +236,11 @@ class RunConfig(StrictModel):
     min_free_mb: float = Field(256, ge=0)
     """Free space kept on the output disk: below it no new request is sent, the answers in
     flight are written, and the run stops (resumable once space is freed). 0: off."""
+    unreachable_stop_s: float = Field(180.0, gt=0)
+    """How long the run goes on while every request fails for want of a connection (connection
+    refused, connect timeout, DNS; on every backend): then it stops, naming each backend's URL
+    and last error, and exits 1. Prompts that never reached a server stay pending for the
+    next run, their attempts not counted."""
 
     @field_validator("datasets", mode="before")
     @classmethod

@@ -150,6 +150,7 @@ class Requests:
                 on_error=lambda e: self._on_attempt_error(e, backend, reservation, attempts,
                                                           counters),
                 stop=self.state.stopping)
+            self._watch_connection(backend, None)
             await self._learn_bills(backend, attempts, reservation, len(input_ids), counters)
             rebuilt = await self._rebuilt(raw, prompt, max_tokens)
             cost, source = self._cost(
@@ -286,7 +287,8 @@ class Requests:
         """Each failed attempt: the backend's health, and the attempt's bill charged at once.
         No retry once the budget cannot hold the request's reservation beside what it spent."""
         assert self.slots is not None
-        self.slots.note_result(backend, failed=e.retryable)
+        self._watch_connection(backend, e)
+        self.slots.note_result(backend, failed=e.retryable, cause=e.connection)
         billed = self._billed(backend, e, reservation)
         gen, attempts.gen = attempts.gen, None
         if not billed:
@@ -298,6 +300,18 @@ class Requests:
         if not self.ledger.charge(billed) and e.retryable:
             e.retryable = False
             e.message += " (not retried: budget.usd cannot take another attempt)"
+
+    def _watch_connection(self, backend: Backend, e: BackendError | None) -> None:
+        """Whether the attempt reached the backend's server (`connections.ConnectionWatch`,
+        which the progress line shows and `unreachable_stop_s` reads)."""
+        watch = self.counters.connections
+        if e is None or e.connection is None:
+            if watch.reached(backend.name):
+                log.info("backend %s: reached again", backend.name)
+        elif watch.failed(backend.name, backend.base_url, e.connection,
+                          e.message.removeprefix(f"{e.connection}: ")):
+            log.info("backend %s: cannot reach %s: %s", backend.name, backend.base_url,
+                     e.message)
 
     async def _learn_bills(self, backend: Backend, attempts: BilledAttempts,
                            reservation: Reservation, prompt_tokens: int,
@@ -325,6 +339,16 @@ class Requests:
             self.slots.disable(backend, str(e))
             self.requeue(item)
             self._journal_quietly("dropped", item.prompt, reason=e.kind)
+            return
+        if e.never_connected and not billed_usd:
+            # The server saw nothing: no attempt of the prompt's, which waits for a backend
+            # that answers (or the next run, once unreachable_stop_s stops this one). One
+            # with a billed attempt is written as failed: failures.jsonl keeps that bill.
+            cfg = backend.cfg
+            self.slots.pause(backend, max(cfg.cooldown_s, cfg.backoff_base_s),
+                             f"no connection ({e.connection})")
+            self.requeue(item)
+            self._journal_quietly("dropped", item.prompt, reason="unreachable")
             return
         self.write_failure(item.prompt, backend, e.kind, e.message, e.status, counters,
                            billed_usd)

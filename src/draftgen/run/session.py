@@ -287,7 +287,7 @@ class Runner:
         return self._outcome()
 
     async def _run_with(self, backends: list[Backend]) -> None:
-        display_task: asyncio.Task[None] | None = None
+        tasks: list[asyncio.Task[None]] = []
         self._install_signal_handlers()
         try:
             if self.dispatcher.out_of_space() or not await self._start_up(backends):
@@ -296,7 +296,8 @@ class Runner:
             # run folder is scanned and the backends start; the first request waits for it.
             await asyncio.to_thread(self.plan.tokenizer.warm_up)
             display = ProgressDisplay(self.counters, live=self.live_display)
-            display_task = asyncio.create_task(display.run())
+            tasks = [asyncio.create_task(display.run()),
+                     asyncio.create_task(self._stop_when_unreachable())]
             try:
                 await self._dispatch(BackendSlots(backends, self._unfit, self.state.stopping))
             except NoBackendLeft as e:
@@ -306,12 +307,26 @@ class Runner:
                     self.state.fail(str(e), stop=False)
         finally:
             self._remove_signal_handlers()
-            if display_task is not None:
-                display_task.cancel()
+            for task in tasks:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await display_task
+                    await task
             for b in backends:
                 await b.close()
+
+    async def _stop_when_unreachable(self) -> None:
+        """Stop the run (failed, nothing new sent) once every attempt of it has failed for
+        want of a connection for `unreachable_stop_s`, with each backend's URL and last error:
+        the prompts that reached no server stay pending for the next run."""
+        limit = self.cfg.unreachable_stop_s
+        watch = self.counters.connections
+        while watch.down_for() < limit:
+            await asyncio.sleep(min(1.0, max(limit - watch.down_for(), 0.05)))
+        line = (f"no backend reachable for {watch.down_for():.0f}s (unreachable_stop_s "
+                f"{limit:g}): {watch.summary()}; stopped, the prompts not answered stay "
+                "pending for the next run")
+        log.error("%s", line)
+        self.state.fail(line)
 
     async def _dispatch(self, slots: BackendSlots) -> None:
         await self.dispatcher.run(slots)
