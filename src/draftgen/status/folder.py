@@ -18,10 +18,9 @@ from draftgen.status.conversation_counts import (
 from draftgen.status.model import DatasetStatus, RunStatus, latest
 from draftgen.status.notes import run_notes
 from draftgen.status.sums import Columns, contains, read_answers, read_failures
-from draftgen.store.appender import StoreError
 from draftgen.store.columns import id_hash
 from draftgen.store.journal import JournalTail
-from draftgen.store.reader import RunFolder, Snapshot
+from draftgen.store.reader import RunFolder, Snapshot, StoreError
 from draftgen.store.record import Record
 from draftgen.store.rescue import Rescued
 from draftgen.store.runjson import DatasetTotals, RunInfo

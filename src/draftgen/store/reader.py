@@ -27,6 +27,7 @@ from draftgen.store.index_entry import IndexEntry
 from draftgen.store.journal import JournalTail, read_journal
 from draftgen.store.layout import RunLayout
 from draftgen.store.lock import lock_holder
+from draftgen.store.nofollow import StoreError as StoreError  # what `RunFolder.rescued` raises
 from draftgen.store.rescue import Rescued, count_rescued, read_rescued
 from draftgen.store.runjson import RunInfo, RunJsonDamaged, Session, read_run_info
 from draftgen.store.scan import spend_in
