@@ -3,6 +3,9 @@
 # end-to-end tests included (markers only label them). Exits non-zero on any failure.
 # Usage: bash scripts/test.sh [pytest args]
 #
+# First ruff, then `lint-imports` (the import rules of docs/architecture.md as import-linter
+# contracts, pyproject.toml), then pytest.
+#
 # The tests run in DRAFTGEN_TEST_WORKERS pytest-xdist processes (default 2; 0: in this
 # process), a test file per process at a time (`--dist loadfile`: a file's module fixtures
 # are built once). On 2 cores: 563 s against 818 s in one process, most tests waiting on the
@@ -25,5 +28,6 @@ then
        "(build it with: bash scripts/build_llama_server.sh)" >&2
 fi
 python -m ruff check src tests bench
+lint-imports
 python -m pytest -q -n "${DRAFTGEN_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
   --durations=20 "$@"
