@@ -109,7 +109,7 @@ class _Flaky:
         self.errors = list(errors)
         self.calls = 0
 
-    async def send(self, prompt, input_ids, max_tokens) -> RawAnswer:
+    async def send(self, prompt, input_ids, max_tokens, ctx=None) -> RawAnswer:
         self.calls += 1
         if self.errors:
             raise self.errors.pop(0)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from draftgen.backends import Backend
+from draftgen.backends.base import RequestContext
 from draftgen.errors import DraftgenError
 from draftgen.stopping import StopSignal
 from draftgen.types import BackendError, Prompt, RawAnswer
@@ -191,8 +192,11 @@ def backoff_delay(attempt: int, base: float, cap: float, retry_after: float | No
 async def send_with_retries(
     backend: Backend, prompt: Prompt, input_ids: list[int], max_tokens: int,
     on_error: Callable[[BackendError], None] | None = None, stop: StopSignal | None = None,
+    ctx: RequestContext | None = None, max_retries: int | None = None,
 ) -> tuple[RawAnswer, int]:
-    """Send one prompt, retrying retryable errors. Returns the answer and the retry count.
+    """Send one prompt (with `ctx`, its request's context: `Backend.send`), retrying
+    retryable errors (the backend's `max_retries` times at most, and `max_retries` if
+    given). Returns the answer and the retry count.
 
     A Retry-After longer than the backend's `backoff_max_s` is not waited out within this run:
     the request fails with its kind and is retried by a later run. A `stop` set before a retry
@@ -200,14 +204,15 @@ async def send_with_retries(
     """
     stop = stop or StopSignal()
     cfg = backend.cfg
+    retries = cfg.max_retries if max_retries is None else min(max_retries, cfg.max_retries)
     attempt = 0
     while True:
         try:
-            return await backend.send(prompt, input_ids, max_tokens), attempt
+            return await backend.send(prompt, input_ids, max_tokens, ctx), attempt
         except BackendError as e:
             if on_error is not None:
                 on_error(e)
-            if not e.retryable or e.permanent_for_backend or attempt >= cfg.max_retries:
+            if not e.retryable or e.permanent_for_backend or attempt >= retries:
                 raise
             if e.retry_after is not None and e.retry_after > cfg.backoff_max_s:
                 e.message += f" (Retry-After {e.retry_after:.0f}s exceeds backoff_max_s)"

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import email.utils
 import math
 import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
@@ -39,19 +38,6 @@ HOSTED_IDLE_REUSE_S = 60.0
 """The same for a hosted API (`Capabilities.hosted`: OpenRouter), which keeps idle connections
 far longer: after each pause (a rate limit, the $/minute budget) thousands of TLS handshakes
 would cost CPU for nothing."""
-
-ON_GENERATION_ID: contextvars.ContextVar[Callable[[str], None] | None] = \
-    contextvars.ContextVar("draftgen_on_generation_id", default=None)
-"""Set by the runner around one paid request: called with the answer's generation ID
-(OpenRouter's `X-Generation-Id`) as soon as its headers arrive, before its body, so that a
-request killed in flight can later be looked up by it."""
-
-REQUEST_SAMPLING: contextvars.ContextVar[SamplingConfig | None] = \
-    contextvars.ContextVar("draftgen_request_sampling", default=None)
-"""Set by the runner in one request's task where that request samples otherwise than the run
-(a conversation's draw from its dataset's `sampling_mix`): `Backend.sampling` reads it, so
-every backend sends it without knowing why."""
-
 
 WIRE_BASE_BYTES = 1 << 20
 """What an answer's body may hold whatever its length: headers of the JSON, its usage, error and
@@ -110,17 +96,15 @@ class AnswerBytes:
         """The most bytes held at once so far."""
 
     @contextlib.contextmanager
-    def holding(self, answer_limit: int | None = None) -> Iterator[None]:
-        """Around one request: the bytes its answer is read into count here until it ends;
-        `answer_limit`: the most its answer may take (`answer_byte_bound`)."""
-        token = _HELD.set(_Held(self, answer_limit))
+    def holding(self, answer_limit: int | None = None) -> Iterator[Held]:
+        """Around one request: the bytes its answer is read into (counted by the `Held`
+        given, `ReadCount`) count here until it ends; `answer_limit`: the most its answer
+        may take (`answer_byte_bound`)."""
+        held = Held(self, answer_limit)
         try:
-            yield
+            yield held
         finally:
-            held = _HELD.get()
-            _HELD.reset(token)
-            if held is not None:
-                self.held -= held.bytes
+            self.held -= held.bytes
 
     def take(self, n: int) -> bool:
         if self.held + n > self.limit:
@@ -142,7 +126,7 @@ def share_answer_bytes(backends: Sequence[Backend]) -> None:
 
 
 @dataclass(slots=True)
-class _Held:
+class Held:
     """What one request's answer holds of its backend's `AnswerBytes`."""
 
     budget: AnswerBytes
@@ -150,25 +134,44 @@ class _Held:
     bytes: int = 0
 
 
-_HELD: contextvars.ContextVar[_Held | None] = contextvars.ContextVar("draftgen_answer_bytes",
-                                                                     default=None)
-"""Set by `AnswerBytes.holding` in one request's task."""
+@dataclass(slots=True)
+class RequestContext:
+    """What one request carries through `Backend.send` beside its prompt, given by its caller
+    (the run, the probe) and read by the backend: one per request, never shared."""
+
+    sampling: SamplingConfig | None = None
+    """The request's sampling where it is not the run's (a conversation's draw from its
+    dataset's `sampling_mix`)."""
+    on_generation_id: Callable[[str], None] | None = None
+    """Called with the answer's generation ID (OpenRouter's `X-Generation-Id`) as soon as its
+    headers arrive, before its body, so that a request killed in flight can later be looked
+    up by it."""
+    observe: Callable[[Mapping[str, Any]], None] | None = None
+    """Called with each message of a chat answer as it is read (a JSON answer's `message`, a
+    stream's deltas): the probe notes which fields carried what."""
+    held: Held | None = field(default=None, repr=False)
+    """Set by `Backend.send` while the answer is read: its bytes held (`ReadCount`)."""
+
+    def note_generation_id(self, headers: Mapping[str, str]) -> None:
+        generation_id = headers.get("X-Generation-Id")
+        if self.on_generation_id is not None and generation_id:
+            self.on_generation_id(generation_id)
 
 
 class ReadCount:
     """One answer's bytes as they arrive: at most `limit` (`max_response_mb`), and each byte
-    held against its backend's `AnswerBytes` while the request is under way."""
+    held against its backend's `AnswerBytes` (`held`) while the request is under way."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, held: Held | None = None) -> None:
         self.limit = limit
         self.seen = 0
+        self.held = held
 
     def check(self, total: int) -> None:
         """BackendError when an answer of `total` bytes is past a bound, the smaller one
         deciding (as it would while the body is read): what its max_tokens allow, or
         `max_response_mb`. A declared Content-Length is judged as the body it announces."""
-        held = _HELD.get()
-        answer_limit = held.answer_limit if held is not None else None
+        answer_limit = self.held.answer_limit if self.held is not None else None
         if answer_limit is not None and answer_limit < self.limit and total > answer_limit:
             raise past_max_tokens(f"answer longer than its max_tokens allow "
                                   f"({answer_limit:,} bytes): not read further")
@@ -178,21 +181,12 @@ class ReadCount:
     def add(self, n: int) -> None:
         self.seen += n
         self.check(self.seen)
-        held = _HELD.get()
+        held = self.held
         if held is None:
             return
         if not held.budget.take(n):
             raise over_in_flight_bound(held.budget.limit)
         held.bytes += n
-
-
-def note_generation_id(headers: Mapping[str, str]) -> None:
-    hook = ON_GENERATION_ID.get()
-    if hook is not None:
-        generation_id = headers.get("X-Generation-Id")
-        if generation_id:
-            hook(generation_id)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +226,7 @@ class Backend(ABC):
         keep_header_secrets(cfg.headers)
         keep_url_secrets(cfg.url)
         self._session: aiohttp.ClientSession | None = None
+        self._owns_session = True
         self.concurrency = cfg.concurrency
         """Requests in flight at most; a `fleet` backend's is set at start from its workers."""
         self.answer_bytes = AnswerBytes(int(cfg.max_in_flight_response_mb * 2**20))
@@ -244,13 +239,20 @@ class Backend(ABC):
 
     @property
     def sampling(self) -> SamplingConfig:
-        """The sampling of the request being built: the run's, unless the request's task set
-        its own (`REQUEST_SAMPLING`)."""
-        return REQUEST_SAMPLING.get() or self._sampling
+        """The run's sampling (a request may carry its own: `RequestContext.sampling`)."""
+        return self._sampling
+
+    def use_session(self, session: aiohttp.ClientSession) -> None:
+        """Send through `session` instead of the one `start` opens: backend tests give one
+        that answers in process (`draftgen.testing.fake_session`, as httpx's MockTransport
+        does). The backend does not close it."""
+        self._session, self._owns_session = session, False
 
     async def start(self) -> None:
         if self.cfg.fleet is not None:
             self.concurrency = await wait_for_fleet(self.cfg, self.cfg.fleet, self._headers())
+        if self._session is not None:  # given (`use_session`)
+            return
         # One pool sized for the backend's concurrency: aiohttp's default of 100 connections
         # would silently cap a 2,000-request run.
         connector = aiohttp.TCPConnector(
@@ -259,6 +261,7 @@ class Backend(ABC):
             ttl_dns_cache=300,
             keepalive_timeout=HOSTED_IDLE_REUSE_S if self.capabilities.hosted else IDLE_REUSE_S,
         )
+        self._owns_session = True
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers=self._headers(),
@@ -280,17 +283,20 @@ class Backend(ABC):
         await check_reachable(self.name, self.base_url, self.cfg.connect_timeout_s)
 
     async def close(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._owns_session:
             await self._session.close()
-            self._session = None
+        self._session = None
 
     @property
     def max_response_bytes(self) -> int:
         return int(self.cfg.max_response_mb * 2**20)
 
-    async def read_body(self, resp: aiohttp.ClientResponse) -> bytes:
-        """`read_capped` by this backend's `max_response_mb`."""
-        return await read_capped(resp, self.max_response_bytes)
+    async def read_body(self, resp: aiohttp.ClientResponse,
+                        ctx: RequestContext | None = None) -> bytes:
+        """`read_capped` by this backend's `max_response_mb`, its bytes held as the
+        request's (`ctx`)."""
+        return await read_capped(resp, self.max_response_bytes,
+                                 ctx.held if ctx is not None else None)
 
     def _headers(self) -> dict[str, str]:
         headers = {"User-Agent": "draftgen", **self.cfg.headers}
@@ -312,7 +318,7 @@ class Backend(ABC):
         self.longest_token_bytes = tokenizer.longest_token_bytes
 
     def holding_answer(self, max_tokens: int, prompt_tokens: int
-                       ) -> contextlib.AbstractContextManager[None]:
+                       ) -> contextlib.AbstractContextManager[Held]:
         """Around reading one answer: its bytes held against the run's `answer_bytes`, and at
         most what `max_tokens` allows (once the vocabulary is known)."""
         limit = None
@@ -342,54 +348,67 @@ class Backend(ABC):
         (`capabilities.looks_up_bills`)."""
         return None
 
-    async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
-        """Send one prompt (`_send`), its answer's bytes held against `answer_bytes` while it
-        is read, and the IDs the engine reported checked (`check_engine_ids`)."""
-        with self.holding_answer(max_tokens, len(input_ids)):
+    async def send(self, prompt: Prompt, input_ids: list[int], max_tokens: int,
+                   ctx: RequestContext | None = None) -> RawAnswer:
+        """Send one prompt (`_send`) with what its caller gives it (`ctx`: its sampling, a
+        callback for its generation ID, an observer of the answer), its answer's bytes held
+        against `answer_bytes` while it is read, and the answer checked: the IDs the engine
+        reported (`check_engine_ids`), its text against `max_tokens` (`check_answer_text`)."""
+        ctx = ctx if ctx is not None else RequestContext()
+        with self.holding_answer(max_tokens, len(input_ids)) as held:
+            ctx.held = held
             try:
-                answer = await self._send(prompt, input_ids, max_tokens)
+                answer = await self._send(prompt, input_ids, max_tokens, ctx)
             except BackendError as e:
                 raise without_frames(e) from None
+            finally:
+                ctx.held = None
         check_engine_ids(answer, self.vocab_size, max_tokens)
         check_answer_text(answer, max_tokens, self.longest_token_bytes)
         return answer
 
     @abstractmethod
-    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
+    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int,
+                    ctx: RequestContext) -> RawAnswer:
         """Send one prompt and read its answer. `input_ids` is the prompt rendered by the run's
         model format."""
 
-    async def post_json(self, url: str, body: Mapping[str, Any]) -> tuple[Any, Mapping[str, str]]:
+    async def post_json(self, url: str, body: Mapping[str, Any],
+                        ctx: RequestContext | None = None) -> tuple[Any, Mapping[str, str]]:
         """POST a JSON body, return the parsed JSON answer and its headers; map every failure
         (HTTP status, error body, transport) to BackendError."""
-        raw, headers = await self.post_bytes(url, body)
+        raw, headers = await self.post_bytes(url, body, ctx)
         with reading_billed_answer():
             return parse_json_body(raw), headers
 
-    async def post_bytes(self, url: str, body: Mapping[str, Any]
+    async def post_bytes(self, url: str, body: Mapping[str, Any],
+                         ctx: RequestContext | None = None
                          ) -> tuple[bytes, Mapping[str, str]]:
         """POST a JSON body, return the answer's bytes and headers (for a backend that decodes
         them itself); map HTTP statuses and transport failures to BackendError."""
         try:
             async with self.session.post(url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
-                note_generation_id(resp.headers)
+                if ctx is not None:
+                    ctx.note_generation_id(resp.headers)
                 if resp.status != 200:
-                    raise error_from_http(resp.status, await self.read_body(resp), resp.headers)
+                    raise error_from_http(resp.status, await self.read_body(resp, ctx),
+                                          resp.headers)
                 with reading_billed_answer():
-                    return await self.read_body(resp), resp.headers
+                    return await self.read_body(resp, ctx), resp.headers
         except BackendError:
             raise
         except Exception as e:
             raise transport_error(e) from None
 
 
-async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_capped(resp: aiohttp.ClientResponse, limit: int, held: Held | None = None
+                      ) -> bytes:
     """The whole body, as long as it is at most `limit` bytes once decompressed; else
     `too_large` is raised as soon as it passes the limit, having kept no more than that (a
     2 GB body, or a gzip bomb, fails its request alone instead of the process)."""
     declared = resp.content_length
-    count = ReadCount(limit)
+    count = ReadCount(limit, held)
     if declared is not None and "Content-Encoding" not in resp.headers:
         count.check(declared)
     chunks: list[bytes] = []

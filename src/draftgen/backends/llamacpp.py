@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from draftgen.assets import resolve_builtin
-from draftgen.backends.base import Backend, Capabilities
+from draftgen.backends.base import Backend, Capabilities, RequestContext
 from draftgen.backends.openai_chat import ChatBackendConfig, OpenAIChatBackend
 from draftgen.config import ModelConfig, SamplingConfig
 from draftgen.config.backends import register
@@ -92,8 +92,9 @@ class LlamaCppNativeBackend(Backend):
         super().__init__(cfg, model, sampling)
         self.url = join_url(_base_url(cfg), "/completion")
 
-    def build_body(self, input_ids: list[int], max_tokens: int) -> dict[str, Any]:
-        s = self.sampling
+    def build_body(self, input_ids: list[int], max_tokens: int,
+                   sampling: SamplingConfig | None = None) -> dict[str, Any]:
+        s = sampling or self.sampling
         body: dict[str, Any] = {
             "prompt": input_ids,
             "n_predict": max_tokens,
@@ -109,8 +110,10 @@ class LlamaCppNativeBackend(Backend):
         body.update(self.cfg.extra_body)
         return body
 
-    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
-        data, _ = await self.post_json(self.url, self.build_body(input_ids, max_tokens))
+    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int,
+                    ctx: RequestContext) -> RawAnswer:
+        data, _ = await self.post_json(self.url, self.build_body(input_ids, max_tokens,
+                                                                 ctx.sampling), ctx)
         return answer_from_completion(data)
 
 
@@ -155,8 +158,9 @@ class LlamaCppChatBackend(OpenAIChatBackend):
         _base_url(cfg)
         super().__init__(cfg, model, sampling)
 
-    def build_body(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
-        body = super().build_body(prompt, max_tokens)
+    def build_body(self, prompt: Prompt, max_tokens: int,
+                   sampling: SamplingConfig | None = None) -> dict[str, Any]:
+        body = super().build_body(prompt, max_tokens, sampling)
         # The base class asks for logprobs when `logprobs: true` (the default); `logprobs:
         # false` gives the text-only path (IDs reconstructed from text). llama-server needs
         # `top_logprobs` >= 1: it takes it as `n_probs`, 20 when absent, and reports no entries

@@ -18,7 +18,7 @@ and their other columns read only when asked for (`decoded_logprobs`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,9 +31,9 @@ from draftgen.backends.base import (
     Backend,
     Capabilities,
     ReadCount,
+    RequestContext,
     error_from_body,
     error_from_http,
-    note_generation_id,
     parse_json_body,
     parse_usage,
     reading_billed_answer,
@@ -99,8 +99,10 @@ class OpenAIChatBackend(Backend):
         if self.cfg.logprobs:
             self._spellings = TokenSpellings(tokenizer)
 
-    def build_body(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
-        s = self.sampling
+    def build_body(self, prompt: Prompt, max_tokens: int,
+                   sampling: SamplingConfig | None = None) -> dict[str, Any]:
+        """The request's body; `sampling`: the request's own, else the run's."""
+        s = sampling or self.sampling
         body: dict[str, Any] = {
             "model": self.model.name,
             "messages": prompt.messages,
@@ -132,32 +134,43 @@ class OpenAIChatBackend(Backend):
         body.update(self.cfg.extra_body)
         return body
 
-    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
-        body = self.build_body(prompt, max_tokens)
+    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int,
+                    ctx: RequestContext) -> RawAnswer:
+        body = self.build_body(prompt, max_tokens, ctx.sampling)
         if not self.cfg.stream:
-            raw, headers = await self.post_bytes(self.url, body)
+            raw, headers = await self.post_bytes(self.url, body, ctx)
             with reading_billed_answer():
-                return answer_from_body(raw, headers, self._spellings)
+                return self._answer_of_body(raw, headers, ctx)
         try:
             async with self.session.post(self.url, data=orjson.dumps(body),
                                          headers={"Content-Type": "application/json"}) as resp:
                 if resp.status != 200:
-                    raise error_from_http(resp.status, await self.read_body(resp), resp.headers)
-                note_generation_id(resp.headers)
+                    raise error_from_http(resp.status, await self.read_body(resp, ctx),
+                                          resp.headers)
+                ctx.note_generation_id(resp.headers)
                 with reading_billed_answer():
-                    return await self._read_answer(resp)
+                    return await self._read_answer(resp, ctx)
         except BackendError:
             raise
         except Exception as e:
             raise transport_error(e) from None
 
-    async def _read_answer(self, resp: aiohttp.ClientResponse) -> RawAnswer:
+    def _answer_of_body(self, raw: bytes, headers: Mapping[str, str], ctx: RequestContext
+                        ) -> RawAnswer:
+        answer = answer_from_body(raw, headers, self._spellings)
+        if ctx.observe is not None:
+            observe_message(raw, ctx.observe)
+        return answer
+
+    async def _read_answer(self, resp: aiohttp.ClientResponse, ctx: RequestContext
+                           ) -> RawAnswer:
         if resp.content_type == "application/json":
             # Not a stream: an error body sent with 200, or a server that ignores
             # "stream": read it as the JSON answer it is.
-            return answer_from_body(await self.read_body(resp), resp.headers, self._spellings)
-        acc = StreamAccumulator(request_id=resp.headers.get("X-Generation-Id"))
-        count = ReadCount(self.max_response_bytes)
+            return self._answer_of_body(await self.read_body(resp, ctx), resp.headers, ctx)
+        acc = StreamAccumulator(request_id=resp.headers.get("X-Generation-Id"),
+                                observe=ctx.observe)
+        count = ReadCount(self.max_response_bytes, ctx.held)
         # Whatever arrived, split into lines here: an await per network read instead
         # of one per SSE line (about 3x less event-loop time per streamed answer).
         async for data in resp.content.iter_any():
@@ -167,6 +180,18 @@ class OpenAIChatBackend(Backend):
         else:
             acc.feed_end()
         return acc.finish()
+
+
+def observe_message(raw: bytes, observe: Callable[[Mapping[str, Any]], None]) -> None:
+    """Show `observe` the message of a chat-completion body (`RequestContext.observe`)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        observe(message if isinstance(message, dict) else {})
 
 
 def _reasoning_of(message: Mapping[str, Any]) -> str | None:
@@ -320,6 +345,9 @@ class StreamAccumulator:
     """Reassembles an SSE chat stream into one RawAnswer."""
 
     request_id: str | None = None
+    observe: Callable[[Mapping[str, Any]], None] | None = None
+    """Shown each delta as it is read (`RequestContext.observe`): the generic reading then
+    takes every event, as the typed one builds no dict."""
     reasoning: list[str] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -334,6 +362,10 @@ class StreamAccumulator:
     """Events are read through the `wire` types (`_take_typed`); False once one had logprobs:
     the types keep those as JSON text that orjson then parses, which costs more than the
     generic reading of the whole event."""
+
+    def __post_init__(self) -> None:
+        if self.observe is not None:
+            self._typed = False
 
     def feed(self, data: bytes) -> bool:
         """Take the stream's bytes as they arrive (lines may be cut anywhere); True once
@@ -459,6 +491,8 @@ class StreamAccumulator:
         # Once per SSE event (about one per answer token): the fewest lookups that keep the
         # meaning of every field.
         delta = choice.get("delta")
+        if delta and self.observe is not None and isinstance(delta, dict):
+            self.observe(delta)
         if delta:
             reasoning = _reasoning_of(delta)
             if reasoning:

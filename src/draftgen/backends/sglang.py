@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from draftgen.backends.base import Backend, Capabilities
+from draftgen.backends.base import Backend, Capabilities, RequestContext
+from draftgen.config import SamplingConfig
 from draftgen.config.backends import BackendConfigBase, register
 from draftgen.types import BackendError, Prompt, RawAnswer, Usage
 from draftgen.urls import join_url
@@ -29,8 +30,9 @@ class SGLangBackend(Backend):
         assert self.cfg.url is not None, "validated: only a llamacpp backend may lack a url"
         self.url = join_url(self.cfg.url, "/generate")
 
-    def build_body(self, input_ids: list[int], max_tokens: int) -> dict[str, Any]:
-        s = self.sampling
+    def build_body(self, input_ids: list[int], max_tokens: int,
+                   sampling: SamplingConfig | None = None) -> dict[str, Any]:
+        s = sampling or self.sampling
         params: dict[str, Any] = {"max_new_tokens": max_tokens}
         for key in ("temperature", "top_p", "top_k"):
             value = getattr(s, key)
@@ -42,8 +44,10 @@ class SGLangBackend(Backend):
         return {"input_ids": input_ids, "sampling_params": params, "stream": False,
                 **self.cfg.extra_body}
 
-    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int) -> RawAnswer:
-        data, _ = await self.post_json(self.url, self.build_body(input_ids, max_tokens))
+    async def _send(self, prompt: Prompt, input_ids: list[int], max_tokens: int,
+                    ctx: RequestContext) -> RawAnswer:
+        data, _ = await self.post_json(self.url, self.build_body(input_ids, max_tokens,
+                                                                 ctx.sampling), ctx)
         if isinstance(data, list) and len(data) == 1:
             data = data[0]
         return answer_from_generate(data)

@@ -10,26 +10,15 @@ routing and logprobs settings), and the probe keeps the names of the fields the 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from draftgen.backends import Backend
-from draftgen.backends.base import (
-    ReadCount,
-    check_answer_text,
-    check_engine_ids,
-    error_from_http,
-    transport_error,
-    without_frames,
-)
-from draftgen.backends.openai_chat import OpenAIChatBackend, StreamAccumulator, answer_from_json
+from draftgen.backends.base import RequestContext
 from draftgen.formats import Format, FormatError
 from draftgen.probe.model import RequestKind
-from draftgen.scheduler import backoff_delay
+from draftgen.scheduler import send_with_retries
 from draftgen.types import BackendError, Prompt, RawAnswer
 
 PROBE_DATASET = "(probe)"
@@ -65,9 +54,6 @@ class ProbeRequest:
     input_ids: list[int]
     """The prompt rendered by the run's format (sent as-is to ID endpoints; used to price
     answers whose usage lacks prompt_tokens)."""
-    vocab_size: int
-    """The format's vocabulary size: the engine's IDs are checked against it, as the run
-    checks them (`check_engine_ids`), whether or not the backend was given the vocabulary."""
 
 
 def probe_requests(fmt: Format) -> tuple[list[ProbeRequest], list[str]]:
@@ -85,7 +71,7 @@ def probe_requests(fmt: Format) -> tuple[list[ProbeRequest], list[str]]:
             if note not in notes:
                 notes.append(note)
             continue
-        requests.append(ProbeRequest(kind, prompt, ids, fmt.tokenizer.vocab_size))
+        requests.append(ProbeRequest(kind, prompt, ids))
     return requests, notes
 
 
@@ -125,77 +111,16 @@ class Exchange:
     error: BackendError | None = None
 
 
-@dataclass
-class _RecordingStream(StreamAccumulator):
-    wire: WireFields = field(default_factory=WireFields)
-
-    def _take_choice(self, choice: Mapping[str, Any]) -> None:
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            self.wire.note(delta)
-        super()._take_choice(choice)
-
-
-async def _chat_once(backend: OpenAIChatBackend, req: ProbeRequest, max_tokens: int
-                     ) -> tuple[RawAnswer, WireFields]:
-    body = backend.build_body(req.prompt, max_tokens)
-    if not backend.cfg.stream:
-        data, headers = await backend.post_json(backend.url, body)
-        wire = WireFields()
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            message = choices[0].get("message")
-            wire.note(message if isinstance(message, dict) else {})
-        return answer_from_json(data, headers), wire
-    try:
-        async with backend.session.post(backend.url, data=orjson.dumps(body),
-                                        headers={"Content-Type": "application/json"}) as resp:
-            if resp.status != 200:
-                raise error_from_http(resp.status, await backend.read_body(resp), resp.headers)
-            acc = _RecordingStream(request_id=resp.headers.get("X-Generation-Id"))
-            count = ReadCount(backend.max_response_bytes)
-            async for line in resp.content:
-                count.add(len(line))
-                if acc.feed_line(line):
-                    break
-            return acc.finish(), acc.wire
-    except BackendError:
-        raise
-    except Exception as e:
-        raise transport_error(e) from None
-
-
-async def _once(backend: Backend, req: ProbeRequest, max_tokens: int
-                ) -> tuple[RawAnswer, WireFields | None]:
-    """One answer, read as the run reads it: its bytes held against the backend's bound on
-    answers in flight, the engine's IDs checked."""
-    wire: WireFields | None = None
-    if isinstance(backend, OpenAIChatBackend):
-        with backend.holding_answer(max_tokens, len(req.input_ids)):
-            try:
-                raw, wire = await _chat_once(backend, req, max_tokens)
-            except BackendError as e:
-                raise without_frames(e) from None
-        check_answer_text(raw, max_tokens, backend.longest_token_bytes)
-    else:
-        raw = await backend.send(req.prompt, req.input_ids, max_tokens)
-    check_engine_ids(raw, req.vocab_size, max_tokens)
-    return raw, wire
-
-
 async def exchange(backend: Backend, req: ProbeRequest, max_tokens: int) -> Exchange:
-    """One probe request, retried a little on retryable errors; errors are returned."""
-    cfg = backend.cfg
-    retries = min(MAX_RETRIES, cfg.max_retries)
-    attempt = 0
-    while True:
-        try:
-            raw, wire = await _once(backend, req, max_tokens)
-            return Exchange(req, raw, wire)
-        except BackendError as e:
-            too_long = e.retry_after is not None and e.retry_after > cfg.backoff_max_s
-            if not e.retryable or e.permanent_for_backend or attempt >= retries or too_long:
-                return Exchange(req, error=e)
-            await asyncio.sleep(backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s,
-                                              e.retry_after))
-            attempt += 1
+    """One probe request, sent, read and retried as the run's are (`send_with_retries`:
+    its bytes held against the bound on answers in flight, its engine IDs and text checked
+    against `max_tokens`), retried at most MAX_RETRIES times; a chat answer's field names
+    noted as they are read. Errors are returned."""
+    wire = None if backend.capabilities.needs_prompt_ids else WireFields()
+    ctx = RequestContext(observe=wire.note if wire is not None else None)
+    try:
+        raw, _ = await send_with_retries(backend, req.prompt, req.input_ids, max_tokens,
+                                         ctx=ctx, max_retries=MAX_RETRIES)
+    except BackendError as e:
+        return Exchange(req, error=e)
+    return Exchange(req, raw, wire)

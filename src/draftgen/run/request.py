@@ -17,8 +17,7 @@ import msgspec
 
 from draftgen.backends import Backend
 from draftgen.backends.base import (
-    ON_GENERATION_ID,
-    REQUEST_SAMPLING,
+    RequestContext,
     past_max_tokens,
     rebuilt_length_problem,
 )
@@ -138,18 +137,19 @@ class Requests:
         try:
             self._journal("sent", prompt, backend=backend.name, max_tokens=max_tokens,
                           **({"usd": round(reservation.worst_usd, 9)} if reservation.usd else {}))
-            if reservation.usd and backend.capabilities.looks_up_bills:  # this task's own context
-                ON_GENERATION_ID.set(lambda generation: self._on_generation_id(
-                    prompt, attempts, generation))
+            ctx = RequestContext()
+            if reservation.usd and backend.capabilities.looks_up_bills:
+                ctx.on_generation_id = lambda generation: self._on_generation_id(
+                    prompt, attempts, generation)
             conversation = item.conversation
             if conversation is not None and conversation.sampling is not None:
-                REQUEST_SAMPLING.set(conversation.request_sampling(
-                    backend.capabilities.needs_prompt_ids))
+                ctx.sampling = conversation.request_sampling(
+                    backend.capabilities.needs_prompt_ids)
             raw, retries = await send_with_retries(
                 backend, prompt, input_ids, max_tokens,
                 on_error=lambda e: self._on_attempt_error(e, backend, reservation, attempts,
                                                           counters),
-                stop=self.state.stopping)
+                stop=self.state.stopping, ctx=ctx)
             self._watch_connection(backend, None)
             await self._learn_bills(backend, attempts, reservation, len(input_ids), counters)
             rebuilt = await self._rebuilt(raw, prompt, max_tokens)
