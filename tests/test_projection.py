@@ -5,6 +5,7 @@ really cost."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from pathlib import Path
@@ -17,8 +18,9 @@ from typer.testing import CliRunner
 from draftgen.cli import app
 from draftgen.config import load_config
 from draftgen.config.backends import Price
+from draftgen.probe import ProbeOptions
 from draftgen.progress import DatasetCounters, RunCounters, progress_line
-from draftgen.run import prepare
+from draftgen.run import Runner, prepare
 from draftgen.run.projection import (
     DatasetWork,
     ProbedPrice,
@@ -194,14 +196,16 @@ def _openrouter_config(tmp_path: Path, qwen3_dir: Path, url: str, **top: Any) ->
                         sampling={"max_tokens": 256}, **top)
 
 
-def _dry_run(cfg: Path, server: TestServer) -> str:
-    """`draftgen run --dry-run`'s output, checked to have sent no chat request (the draftgen
-    logger the CLI points at CliRunner's stream is put back for the run that follows)."""
+def _dry_run(cfg: Path, server: TestServer, probe: bool = False) -> str:
+    """`draftgen run --dry-run`'s output (`--no-probe` unless `probe`, as the run that follows),
+    checked to have sent no chat request (the draftgen logger the CLI points at CliRunner's
+    stream is put back for the run that follows)."""
     logger = logging.getLogger("draftgen")
     saved = (list(logger.handlers), logger.level, logger.propagate)
     before = server.stats["requests"].get("chat", 0)
     try:
-        result = CliRunner().invoke(app, ["run", "--dry-run", str(cfg)])
+        result = CliRunner().invoke(app, ["run", "--dry-run", str(cfg),
+                                          *([] if probe else ["--no-probe"])])
     finally:
         logger.handlers[:], logger.level, logger.propagate = saved
     assert result.exit_code == 0, result.output
@@ -237,6 +241,26 @@ def test_the_dry_run_names_the_budget_that_stops_the_run_and_after_how_many(
     assert "price of or: $2 / $8 per million" in output
     assert outcome.status == "budget" and limit == "budget.usd"
     assert low <= _answered(outcome) <= high < 120
+
+
+def test_the_dry_run_counts_what_the_probe_will_spend(tmp_path: Path, qwen3_dir: Path) -> None:
+    """With the probe on (as `draftgen run` has it), the probe's requests are paid from the
+    budget before the first prompt: the dry run names their spend, and the run that follows,
+    probed, stops by the budget inside the range that leaves room for it."""
+    with TestServer(mode="openrouter", prices=LISTING, **LONG) as server:
+        cfg = _openrouter_config(tmp_path, qwen3_dir, server.url, budget={"usd": 0.05})
+        output = _dry_run(cfg, server, probe=True)
+        outcome = asyncio.run(Runner(prepare(load_config(cfg)), live_display=False,
+                                     probe=ProbeOptions()).execute())
+        unprobed = _dry_run(cfg, server)
+    print(output, f"answered {_answered(outcome)}")
+    line = next(x for x in output.splitlines() if x.startswith("the probe: "))
+    least, most = (float(v) for v in re.findall(r"\$([\d.]+)", line)[:2])
+    assert 0 < least < most < 0.05 and "to each of or" in line
+    limit, low, high = _stated_stop(output)
+    assert outcome.status == "budget" and limit == "budget.usd"
+    assert low <= _answered(outcome) <= high < 120
+    assert "the probe: " not in unprobed
 
 
 def test_priced_answers_on_disk_project_a_number_and_the_stop(tmp_path: Path,

@@ -128,7 +128,7 @@ def _check_backend_keys(cfg: RunConfig) -> None:
         backend.api_key()  # raises ConfigError naming the variable, never showing a value
 
 
-def _print_plan(plan: Plan) -> None:
+def _print_plan(plan: Plan, probe: ProbeOptions | None) -> None:
     from rich.table import Table
 
     from draftgen.backends.llamacpp import LlamaCppConfig
@@ -159,7 +159,7 @@ def _print_plan(plan: Plan) -> None:
                       f"{sum(lengths):,}", f"{max(lengths, default=0):,}")
         work.append(dataset_work(plan, ds, rendered))
     out.print(table)
-    print_projection(out, plan, work)
+    print_projection(out, plan, work, probe)
     for ds in plan.datasets:
         for bad in ds.load.examples[:10]:
             out.print(f"  bad row {bad.source}: {bad.reason}", highlight=False, markup=False)
@@ -276,7 +276,7 @@ def run(
     _check_backend_keys(cfg)
     plan = prepare(cfg, shard=spec)
     if dry_run:
-        _print_plan(plan)
+        _print_plan(plan, probe)
         _warn_if_template_disagrees(plan.fmt)
         if spec is not None:
             _print_shard(plan, spec)

@@ -118,16 +118,16 @@ def reusable(stored: BackendProbe | None, key: str) -> bool:
             and not any(p.code == "request_failed" for p in stored.problems))
 
 
-def reusable_results(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
+def reusable_results(fmt: Format, cfg: RunConfig, names: Sequence[str],
                      opts: ProbeOptions, stored: Mapping[str, BackendProbe]
                      ) -> dict[str, BackendProbe]:
-    """The backends' results in `stored` that still serve (their key matches; none with
-    `opts.force`): what `probe_all` reuses instead of probing."""
+    """The results in `stored` of the backends `names` that still serve (their key matches;
+    none with `opts.force`): what `probe_all` reuses instead of probing."""
     if opts.force:
         return {}
-    return {b.name: old for b in backends
-            if (old := stored.get(b.name)) is not None
-            and reusable(old, backend_key(cfg, b.name, fmt.tokenizer.sha256))}
+    return {name: old for name in names
+            if (old := stored.get(name)) is not None
+            and reusable(old, backend_key(cfg, name, fmt.tokenizer.sha256))}
 
 
 async def probe_all(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
@@ -137,7 +137,7 @@ async def probe_all(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
     (unless `opts.force`), else probed now, all backends concurrently but those paid from
     `hold`'s budget, one after another (what one backend's second step needs is not taken
     by another's first)."""
-    reused = reusable_results(fmt, cfg, backends, opts, stored or {})
+    reused = reusable_results(fmt, cfg, [b.name for b in backends], opts, stored or {})
 
     async def one(b: Backend) -> BackendProbe:
         old = reused.get(b.name)

@@ -67,9 +67,16 @@ def backends_to_probe(fmt: Format, cfg: RunConfig, backends: Sequence[Backend],
                       ) -> list[Backend]:
     """The backends `gate_backends` would send requests to: those without a stored result
     that still serves (the others' requests cost nothing and need no room in the budget)."""
-    reused = reusable_results(fmt, cfg, backends, opts,
+    names = names_to_probe(fmt, cfg, [b.name for b in backends], opts, run_json, shared_from)
+    return [b for b in backends if b.name in names]
+
+
+def names_to_probe(fmt: Format, cfg: RunConfig, names: Sequence[str], opts: ProbeOptions,
+                   run_json: Path, shared_from: Sequence[Path] = ()) -> list[str]:
+    """`backends_to_probe` by the backends' names (the dry run has no backends started)."""
+    reused = reusable_results(fmt, cfg, names, opts,
                               _stored(stored_results(run_json), shared_from))
-    return [b for b in backends if b.name not in reused]
+    return [name for name in names if name not in reused]
 
 
 def _why(problem: Problem, needs: Mapping[str, set[str]]) -> str:

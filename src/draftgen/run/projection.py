@@ -39,6 +39,7 @@ from draftgen.budget.pricing import PriceWatch
 from draftgen.config import RunConfig
 from draftgen.config.backends import Price
 from draftgen.probe.model import BackendProbe
+from draftgen.probe.options import ProbeOptions
 from draftgen.progress import duration_text
 from draftgen.store import RunLayout
 from draftgen.store.fast_index import load_index_columns
@@ -233,10 +234,12 @@ class _Prices:
 
 
 def project(cfg: RunConfig, work: Sequence[DatasetWork], prices: Mapping[str, Price | None],
-            run_shape: AnswerShape | None, spent_usd: float | None = None) -> Projection:
+            run_shape: AnswerShape | None, spent_usd: float | None = None,
+            probe_usd: tuple[float, float] = (0.0, 0.0)) -> Projection:
     """The run's projection (`run_shape`: the answers measured over the whole run, for a
     dataset that has none of its own; `spent_usd`: what the run spent so far, by default what
-    its datasets' files say)."""
+    its datasets' files say; `probe_usd`: the least and the most the run's probe may spend
+    before its first request, `probe_spend`)."""
     max_tokens = cfg.sampling.max_tokens
     p = _Prices.of(cfg, prices)
     run_costs = np.concatenate([w.costs for w in work]) if work else np.zeros(0)
@@ -255,7 +258,8 @@ def project(cfg: RunConfig, work: Sequence[DatasetWork], prices: Mapping[str, Pr
             answers_until_token_budget=_until_tokens(w, shape),
             shape=shape, per_answer=per))
     spent = sum(w.spent_usd for w in work) if spent_usd is None else spent_usd
-    return Projection(rows, _wall_s(cfg, rows), _stops_first(cfg, rows, spent), spent)
+    return Projection(rows, _wall_s(cfg, rows), _stops_first(cfg, rows, spent, probe_usd),
+                      spent)
 
 
 def _per_answer(w: DatasetWork, shape: AnswerShape | None, p: _Prices, max_tokens: int,
@@ -328,8 +332,10 @@ def _answers_sent(row: DatasetProjection) -> int:
     return min(row.prompts, row.answers_until_token_budget)
 
 
-def _stops_first(cfg: RunConfig, rows: Sequence[DatasetProjection], spent: float) -> Stop:
-    budget = _budget_stop(cfg.budget.usd, rows, spent) if cfg.budget.usd is not None else None
+def _stops_first(cfg: RunConfig, rows: Sequence[DatasetProjection], spent: float,
+                 probe: tuple[float, float]) -> Stop:
+    budget = (_budget_stop(cfg.budget.usd, rows, spent, probe) if cfg.budget.usd is not None
+              else None)
     if budget is not None and budget.limit != "all prompts answered":
         return budget
     cut = [r for r in rows if r.answers_until_token_budget is not None
@@ -342,15 +348,17 @@ def _stops_first(cfg: RunConfig, rows: Sequence[DatasetProjection], spent: float
                           after=sum(r.prompts for r in rows))
 
 
-def _budget_stop(usd: float, rows: Sequence[DatasetProjection], spent: float) -> Stop | None:
+def _budget_stop(usd: float, rows: Sequence[DatasetProjection], spent: float,
+                 probe: tuple[float, float]) -> Stop | None:
     """Where budget.usd stops the run: after the answers whose costs fill what is left of it
-    but one request's worst case (the run sends a request only when that fits). None: nothing
-    is left to send."""
+    (less what the probe spends, between `probe`'s least and most) but one request's worst
+    case (the run sends a request only when that fits). None: nothing is left to send."""
     sending = [(r, _answers_sent(r)) for r in rows if _answers_sent(r)]
     total = sum(n for _, n in sending)
     if not total:
         return None
-    head = f"budget.usd (${usd:g}" + (f", ${spent:,.4f} spent)" if spent else ")")
+    head = (f"budget.usd (${usd:g}" + (f", ${spent:,.4f} spent" if spent else "")
+            + (f", the probe ${probe[0]:,.4f} – ${probe[1]:,.4f}" if probe[1] else "") + ")")
     pers = [(r.per_answer, n) for r, n in sending]
     worsts = [p.bounds.worst_request for p, _ in pers]
     if any(w is None for w in worsts):
@@ -360,12 +368,14 @@ def _budget_stop(usd: float, rows: Sequence[DatasetProjection], spent: float) ->
                     f"for {unknown}")
     shortest = min(w[0] for w in worsts if w is not None)
     longest = max(w[1] for w in worsts if w is not None)
-    if usd - spent < shortest:
+    if usd - spent - probe[0] < shortest:
         return Stop("budget.usd", f"{head}: no more prompts, one request's worst case "
                     f"(${shortest:,.4f}) does not fit in what is left", after=0, low=0, high=0)
+    # The probe's spend widens the worst case's range: the least left is after its most.
+    lost = (shortest + probe[0], longest + probe[1])
     if all(p.mean is not None for p, _ in pers):
-        return _measured_stop(head, pers, usd - spent, (shortest, longest), total)
-    return _bounded_stop(head, pers, usd - spent, (shortest, longest), total)
+        return _measured_stop(head, pers, usd - spent, lost, total)
+    return _bounded_stop(head, pers, usd - spent, lost, total)
 
 
 def _answers_in(room: float, per_answer: float, total: int) -> int:
@@ -519,7 +529,41 @@ def projected_prices(cfg: RunConfig, probed: Mapping[str, ProbedPrice],
     return prices
 
 
-def print_projection(out: Console, plan: Plan, work: Sequence[DatasetWork]) -> None:
+@dataclass(frozen=True)
+class ProbeSpend:
+    """What the run's probe may spend before its first request: its requests at one output
+    token each (`least`) and at its max_tokens (`most`), to `backends`."""
+
+    least: float = 0.0
+    most: float = 0.0
+    backends: tuple[str, ...] = ()
+    requests: int = 0
+
+
+def probe_spend(plan: Plan, prices: Mapping[str, Price | None], probe: ProbeOptions | None
+                ) -> ProbeSpend:
+    """The probe's spend on the paid backends it would probe: those without a stored result
+    that still serves. Nothing without a probe (`--no-probe`)."""
+    if probe is None:
+        return ProbeSpend()
+    from draftgen.probe.exchange import probe_requests
+    from draftgen.probe.gate import names_to_probe
+
+    names = names_to_probe(plan.fmt, plan.cfg, [b.name for b in plan.cfg.backends], probe,
+                           RunLayout(plan.run_dir).run_json)
+    paid = [(n, price) for n in names
+            if (price := prices.get(n)) is not None and price.cost(1, 1) > 0]
+    lengths = [len(r.input_ids) for r in probe_requests(plan.fmt)[0]]
+    return ProbeSpend(
+        least=sum(price.cost(n, 1) for _, price in paid for n in lengths),
+        most=sum(price.cost(n, probe.max_tokens) for _, price in paid for n in lengths),
+        backends=tuple(name for name, _ in paid), requests=len(lengths))
+
+
+def print_projection(out: Console, plan: Plan, work: Sequence[DatasetWork],
+                     probe: ProbeOptions | None = None) -> None:
+    """The projection's table and lines; `probe`: the run's probe (None: `--no-probe`),
+    whose spend comes out of the budget before the first request."""
     from rich.table import Table
 
     run_json = RunLayout(plan.run_dir).run_json
@@ -529,7 +573,8 @@ def print_projection(out: Console, plan: Plan, work: Sequence[DatasetWork]) -> N
     listed = listed_prices(plan.cfg)
     prices = projected_prices(plan.cfg, probed, listed)
     spent = sum(w.spent_usd for w in work) + spent_outside_answers(run_json)
-    p = project(plan.cfg, work, prices, run_shape, spent)
+    probing = probe_spend(plan, prices, probe)
+    p = project(plan.cfg, work, prices, run_shape, spent, (probing.least, probing.most))
     table = Table(title="projection", header_style="bold")
     for col in ("dataset", "to send", "prompt tokens", "output tokens", "$ expected (range)",
                 "measured from"):
@@ -550,6 +595,10 @@ def print_projection(out: Console, plan: Plan, work: Sequence[DatasetWork]) -> N
     if usd is not None or spent:
         out.print(f"spent so far: ${spent:,.4f}"
                   + (f" of budget.usd ${usd:g}" if usd is not None else ""), highlight=False)
+    if probing.backends:
+        out.print(f"the probe: ${probing.least:,.4f} – ${probing.most:,.4f} before the first "
+                  f"request ({probing.requests} requests to each of "
+                  f"{', '.join(probing.backends)}; --no-probe: none)", highlight=False)
     concurrency = sum(b.concurrency for b in plan.cfg.backends)
     out.print(f"wall time at concurrency {concurrency:,}: "
               + (f"~{duration_text(p.wall_s)}" if p.wall_s is not None
