@@ -487,7 +487,7 @@ def test_terminal_escapes_from_a_server_are_never_printed(base: Base, tmp_path: 
         _intact(case, proc, run_dir, before)
         assert proc.returncode == 0, proc.stderr[-3000:]
         outputs = {
-            "audit": draftgen("audit", str(run_dir), env={"COLUMNS": "200"}),
+            "audit": draftgen("audit", str(run_dir), "--all-checks", env={"COLUMNS": "200"}),
             "status": draftgen("status", str(run_dir), "--wide", env={"COLUMNS": "200"}),
             "report": draftgen("report", str(run_dir), "--out", str(tmp_path / "report")),
             "probe": draftgen("probe", str(tmp_path / "run.yaml"), "--no-save",
