@@ -212,17 +212,21 @@ def test_a_small_trial_budget_is_probed_first_request_alone(
     assert snap["max_in_flight"] == len(worst) - 1  # the first alone, then the rest at once
     assert snap["billed_usd"] <= budget
     assert outcome.status in ("completed", "budget")
+    first, *others = [b["max_tokens"] for b in snap["bodies"][:len(worst)]]
+    assert first == MAX_TOKENS  # held at the price alone: no larger than the run's requests
     if share >= 1:
-        assert sent_max == {ProbeOptions().max_tokens}
+        assert set(others) == {ProbeOptions().max_tokens}
     else:
-        assert max(sent_max) < ProbeOptions().max_tokens
+        assert max(others) < ProbeOptions().max_tokens
 
 
-def _probe_worst_at_listing(cfg: Path) -> list[float]:
-    """The probe's requests' worst cases at the listed price."""
+def _probe_worst_at_listing(cfg: Path, first_max_tokens: int | None = None) -> list[float]:
+    """The probe's requests' worst cases at the listed price (the first one's with
+    `first_max_tokens`: the run's, to a backend whose charges are not known yet)."""
     fmt = prepare(load_config(cfg)).fmt
-    return [(len(r.input_ids) + ProbeOptions().max_tokens) * PRICE["completion"] / 1e6
-            for r in probe_requests(fmt)[0]]
+    full = ProbeOptions().max_tokens
+    return [(len(r.input_ids) + (first_max_tokens or full if i == 0 else full))
+            * PRICE["completion"] / 1e6 for i, r in enumerate(probe_requests(fmt)[0])]
 
 
 @pytest.mark.parametrize("room", [2.0, 30.0], ids=["probe_refused_after_its_first_bill",
@@ -233,8 +237,10 @@ def test_the_probe_sent_at_once_to_a_15x_provider_keeps_the_run_bound(
     held at the listing alone, five answers billed 15x passed a budget of twice their listed
     worst case 7-fold. Held as the run holds requests before a first answer (the first at
     its worst case, the others at 20x), the bill passes the budget by at most (15 - 1) times
-    one request's worst case, as a run without the probe. The first request now goes alone:
-    its bill tells the others' price (and whether the budget still holds them)."""
+    one request's worst case, as a run without the probe. The first request now goes alone,
+    with the run's max_tokens: its bill tells the others' price (and whether the budget still
+    holds them), and the bill passes the budget by at most (15 - 1) times one of the run's
+    requests."""
     factor = 15
     with TestServer(mode="openrouter", prices=(PRICE["prompt"], PRICE["completion"]),
                     bill_factor=factor, reasoning_tokens=(4000, 4000)) as server:
@@ -252,11 +258,12 @@ def test_the_probe_sent_at_once_to_a_15x_provider_keeps_the_run_bound(
     probed = "probe_reserved_usd" in session
     case.note(f"server billed ${bill:.4f} of ${budget:.4f}; probe "
               f"{'ran' if probed else 'left out'}; {outcome.status}")
-    one = max([*worst, _worst_at_listing(tmp_path)] if read_records(tmp_path / "run", "d")
-              else worst)
-    assert bill <= budget + (factor - 1) * one + 1e-12
+    # The one request held at the listing alone is the probe's first, sent with the run's
+    # max_tokens: the bill passes the budget by no more than an unprobed run's would.
+    first_alone = _probe_worst_at_listing(cfg, MAX_TOKENS)[0]
+    assert bill <= budget + (factor - 1) * first_alone + 1e-12
     assert probed  # the first request alone fits; the others wait for its bill
-    assert session["probe_unguarded_usd"] == pytest.approx(worst[0], rel=1e-6)
+    assert session["probe_unguarded_usd"] == pytest.approx(first_alone, rel=1e-6)
     if room < factor:  # what the provider bills leaves no room for the others: refused
         assert outcome.status == "failed" and "raise budget.usd" in outcome.message
 

@@ -2,12 +2,12 @@
 `Ledger.admit` applies to a run's requests, for the probe's few requests per backend.
 
 A backend whose charges are not known yet (it reports costs and has not answered) is probed in
-two steps: its first request alone, held at its worst case at the price, as the run's first
-request is; the others once that answer told what the provider bills, held at that. So no
-request is held at LEARNING_MARGIN times its price only because it was sent beside the first,
-and a small budget still pays for a probe. Each step's `max_tokens` is cut to what the budget
-leaves (never below PROBE_MIN_TOKENS); a step that cannot fit even then is not sent, and says
-what budget it would need.
+two steps: its first request alone, held at its worst case at the price and sent with no more
+than the run's `max_tokens`, as the run's first request is; the others once that answer told
+what the provider bills, held at that. So no request is held at LEARNING_MARGIN times its
+price only because it was sent beside the first, and a small budget still pays for a probe.
+Each step's `max_tokens` is cut to what the budget leaves (never below PROBE_MIN_TOKENS); a
+step that cannot fit even then is not sent, and says what budget it would need.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ class ProbeHold:
     ledger: Ledger
     prices: Mapping[str, PriceWatch | None]
     reports_cost: Mapping[str, bool]
+    run_max_tokens: int | None = None
+    """The run's `max_tokens`: a request held at its price alone (its backend's charges not
+    known yet) is sent with no more, so that what a provider billing more than it lists can
+    pass the budget by is bounded by one of the run's own requests, probe or not."""
     held_usd: float = 0.0
     """The most held at once (run.json's `probe_reserved_usd`)."""
     unguarded_usd: float = 0.0
@@ -132,10 +136,12 @@ class ProbeHold:
         the backend's requests still to come), with the `max_tokens` returned; or say why
         they cannot be sent and what `budget.usd` they need."""
         assert backend not in self._out, "one step at a time per backend"
-        fitting = self.fitting_max_tokens(backend, prompt_tokens, later, max_tokens)
         watch = self.prices.get(backend)
         if watch is None:
             return max_tokens
+        if self._learning(backend, watch) and self.run_max_tokens is not None:
+            max_tokens = min(max_tokens, self.run_max_tokens)
+        fitting = self.fitting_max_tokens(backend, prompt_tokens, later, max_tokens)
         if fitting is None:
             needs = self._needs(backend, watch, prompt_tokens, later,
                                 min(max_tokens, PROBE_MIN_TOKENS))

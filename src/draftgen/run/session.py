@@ -154,7 +154,8 @@ class Runner:
         probed = backends_to_probe(plan.fmt, plan.cfg, backends, self.probe,
                                    self.store.layout.run_json, elsewhere)
         hold = ProbeHold(self.ledger, self.prices,
-                         {b.name: b.capabilities.reports_cost for b in backends})
+                         {b.name: b.capabilities.reports_cost for b in backends},
+                         run_max_tokens=self.cfg.sampling.max_tokens)
         unaffordable = self._unaffordable_probe(hold, probed)
         if unaffordable:
             self.state.fail(unaffordable, stop=False)
