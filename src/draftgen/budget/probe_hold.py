@@ -110,16 +110,36 @@ class ProbeHold:
                 high = mid - 1
         return low
 
-    def smallest_usd(self, requests: Mapping[str, Sequence[int]]) -> float:
-        """The budget a probe of these backends (name -> its requests' prompt tokens) needs
-        at the least: each one's first request then the others, at PROBE_MIN_TOKENS."""
-        total = 0.0
-        for backend, prompts in requests.items():
-            watch = self.prices.get(backend)
-            if watch is not None and prompts:
-                total += self._needs(backend, watch, prompts[:1], prompts[1:],
-                                     PROBE_MIN_TOKENS)
-        return total
+    def _cap(self, backend: str, watch: PriceWatch, max_tokens: int) -> int:
+        """The `max_tokens` a step may have: no more than the run's while it is held at the
+        price alone (`run_max_tokens`)."""
+        if self._learning(backend, watch) and self.run_max_tokens is not None:
+            return min(max_tokens, self.run_max_tokens)
+        return max_tokens
+
+    def _short_of(self, what: str, needs: float) -> str:
+        """`what` needs `needs` of the budget and less is left: the `budget.usd` to raise it
+        to."""
+        left = self._room()
+        return (f"{what} may cost ${needs:.6f} (requests of at most {PROBE_MIN_TOKENS} tokens) "
+                f"and ${max(0.0, left):.6f} of budget.usd is left: raise budget.usd to at "
+                f"least ${(self.ledger.usd or 0.0) + needs - left:.6f}, or run with --no-probe")
+
+    def refusal(self, requests: Mapping[str, Sequence[int]], max_tokens: int) -> str | None:
+        """Why the budget cannot pay a probe of these backends (name -> its requests' prompt
+        tokens) even at its least (each one's first request, then the others, at
+        PROBE_MIN_TOKENS), and what to raise it to; None when it can."""
+        needs = 0.0
+        paid = [b for b, prompts in requests.items() if prompts and self.pays(b)]
+        for backend in paid:
+            watch = self.prices[backend]
+            assert watch is not None
+            prompts = requests[backend]
+            least = min(self._cap(backend, watch, max_tokens), PROBE_MIN_TOKENS)
+            needs += self._needs(backend, watch, prompts[:1], prompts[1:], least)
+        if needs <= self._room():
+            return None
+        return "nothing was sent: " + self._short_of(f"the probe of {', '.join(paid)}", needs)
 
     def pays(self, backend: str) -> bool:
         """The backend's probe requests are paid from a dollar budget."""
@@ -139,17 +159,13 @@ class ProbeHold:
         watch = self.prices.get(backend)
         if watch is None:
             return max_tokens
-        if self._learning(backend, watch) and self.run_max_tokens is not None:
-            max_tokens = min(max_tokens, self.run_max_tokens)
+        max_tokens = self._cap(backend, watch, max_tokens)
         fitting = self.fitting_max_tokens(backend, prompt_tokens, later, max_tokens)
         if fitting is None:
             needs = self._needs(backend, watch, prompt_tokens, later,
                                 min(max_tokens, PROBE_MIN_TOKENS))
-            left = self._room()
-            return (f"not sent: the probe's requests of at most {PROBE_MIN_TOKENS} tokens may "
-                    f"cost ${needs:.6f} at what {backend} charges, and ${max(0.0, left):.6f} "
-                    f"of budget.usd is left: raise budget.usd to at least "
-                    f"${(self.ledger.usd or 0.0) + needs - left:.6f}, or run with --no-probe")
+            return "not sent: " + self._short_of(
+                f"at what {backend} charges, the probe's requests", needs)
         step = self._step(backend, watch, prompt_tokens, fitting)
         reserved = self.ledger.reserve(step.usd)
         assert reserved, "fitting_max_tokens checked the room"

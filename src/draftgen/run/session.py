@@ -28,7 +28,6 @@ from draftgen.backends.base import share_answer_bytes
 from draftgen.backends.managed_llamacpp import ManagedServerError, ManagedServers
 from draftgen.backends.reach import all_reachable
 from draftgen.budget import (
-    PROBE_MIN_TOKENS,
     BudgetPool,
     PriceWatch,
     ProbeHold,
@@ -156,7 +155,8 @@ class Runner:
         hold = ProbeHold(self.ledger, self.prices,
                          {b.name: b.capabilities.reports_cost for b in backends},
                          run_max_tokens=self.cfg.sampling.max_tokens)
-        unaffordable = self._unaffordable_probe(hold, probed)
+        lengths = [len(r.input_ids) for r in probe_requests(plan.fmt)[0]]
+        unaffordable = hold.refusal({b.name: lengths for b in probed}, self.probe.max_tokens)
         if unaffordable:
             self.state.fail(unaffordable, stop=False)
             return False
@@ -173,24 +173,6 @@ class Runner:
         if gate.refused:
             self.state.fail(gate.refused, stop=False)
         return gate.refused is None
-
-    def _unaffordable_probe(self, hold: ProbeHold, probed: list[Backend]) -> str | None:
-        """Why the budget cannot pay the probe of `probed`, even at its smallest, and what to
-        raise it to; None when it can."""
-        assert self.probe is not None
-        usd = self.ledger.usd
-        if usd is None:
-            return None
-        lengths = [len(r.input_ids) for r in probe_requests(self.plan.fmt)[0]]
-        smallest = hold.smallest_usd({b.name: lengths for b in probed if hold.pays(b.name)})
-        left = usd - self.ledger.committed_usd()
-        if smallest <= left:
-            return None
-        return (f"the probe of {', '.join(b.name for b in probed if hold.pays(b.name))} may "
-                f"cost ${smallest:.6f} at the least ({len(lengths)} requests of at most "
-                f"{PROBE_MIN_TOKENS} tokens each) and ${max(0.0, left):.6f} of budget.usd is "
-                f"left, so nothing was sent: raise budget.usd to at least "
-                f"${usd + smallest - left:.6f}, or run with --no-probe")
 
     def _learn_from_stored(self, gate: Gate) -> None:
         """Stored probe answers tell what their backends charge beside their price, as the
