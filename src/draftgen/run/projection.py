@@ -116,8 +116,7 @@ def spent_outside_answers(run_json: Path) -> float:
         info = read_run_info(run_json)
     except RunJsonDamaged:  # the run rebuilds it; the answers' own costs still count
         return 0.0
-    return info.probe_commands_usd + sum(s.unknown_bills_usd + s.probe_spent_usd
-                                         for s in info.sessions)
+    return info.spent_outside_answers()
 
 
 @dataclass(frozen=True)

@@ -275,9 +275,7 @@ class ResumeScan:
                             "billed, counted at their worst case; $%.4f in all counted against "
                             "budget.usd", sum(r.usd > 0 for r in open_), index, len(known),
                             sum(known), usd)
-        info = read_run_info(path)
-        return info.probe_commands_usd + sum(s.unknown_bills_usd + s.probe_spent_usd
-                                             for s in info.sessions[:self.session])
+        return read_run_info(path).spent_outside_answers(self.session)
 
     def _queue_of(self, table: PromptTable, done: DoneIds, on_disk: DatasetOnDisk,
                   counters: DatasetCounters) -> deque[Pending]:

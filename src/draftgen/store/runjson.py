@@ -244,6 +244,13 @@ class RunInfo(msgspec.Struct, kw_only=True):
         """What `draftgen probe` commands spent (`StoredProbe.commands_usd`)."""
         return self.probe.commands_spent_usd if self.probe is not None else 0.0
 
+    def spent_outside_answers(self, sessions: int | None = None) -> float:
+        """What the run spent beyond its datasets' files, by run.json: the probes (the
+        sessions' and `draftgen probe` commands') and the requests sessions left unsettled
+        (the first `sessions` sessions; None: all)."""
+        return self.probe_commands_usd + sum(s.unknown_bills_usd + s.probe_spent_usd
+                                             for s in self.sessions[:sessions])
+
     @property
     def recorded(self) -> bool:
         """Whether the file holds anything (a shard folder just created has none)."""
