@@ -48,7 +48,8 @@ class Price(StrictModel):
     completion: float = Field(ge=0)
     """USD per million output tokens."""
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+    def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
+        """USD for these tokens (a mean's fractions too)."""
         return (prompt_tokens * self.prompt + completion_tokens * self.completion) / 1e6
 
 

@@ -268,8 +268,8 @@ def _per_answer(w: DatasetWork, shape: AnswerShape | None, p: _Prices, max_token
     mean_prompt = sum(lengths) / len(lengths) if lengths else 0.0
     worst = (None if p.first is None or not lengths
              else (p.first.cost(min(lengths), max_tokens), p.first.cost(max(lengths), max_tokens)))
-    low = None if p.cheapest is None else _cost(p.cheapest, mean_prompt, 1)
-    high = None if p.dearest is None else _cost(p.dearest, mean_prompt, max_tokens)
+    low = None if p.cheapest is None else p.cheapest.cost(mean_prompt, 1)
+    high = None if p.dearest is None else p.dearest.cost(mean_prompt, max_tokens)
     if high is None and run_costs.sum() > 0:
         high = float(run_costs.max())
         worst = worst or (float(run_costs.min()), high)
@@ -277,16 +277,12 @@ def _per_answer(w: DatasetWork, shape: AnswerShape | None, p: _Prices, max_token
     if w.costs.sum() > 0:
         return PerAnswer.of_costs(w.costs, bounds, "costs on disk")
     if p.first is not None and shape is not None:
-        return PerAnswer(_cost(p.first, mean_prompt, shape.output_tokens),
+        return PerAnswer(p.first.cost(mean_prompt, shape.output_tokens),
                          p.first.completion * shape.output_tokens_sd / 1e6, shape.answers,
                          bounds, shape.source)
     if run_costs.sum() > 0:
         return PerAnswer.of_costs(run_costs, bounds, "the run's costs on disk")
     return PerAnswer(None, 0.0, 0, bounds, "nothing yet")
-
-
-def _cost(price: Price, prompt_tokens: float, output_tokens: float) -> float:
-    return (price.prompt * prompt_tokens + price.completion * output_tokens) / 1e6
 
 
 def _usd_range(per: PerAnswer, n: int) -> tuple[float | None, float | None, float | None]:
